@@ -1,0 +1,290 @@
+"""The ``fedhet`` command line: parse, compose configs, build objects, run; nothing else.
+
+``fedhet fit --config A.yaml [--config B.yaml ...] [--dotted.key value | --dotted.key=value ...]``
+runs one experiment. The parser is a jsonargparse ``ArgumentParser`` built from the typed
+``__init__`` signatures of the method (``method``: any :class:`~fedhet.algorithms.Algorithm`,
+chosen by ``class_path`` or class name), the scenario, the Trainer template, the federation
+settings and W&B, so ``--help``, ``--print_config`` and type checking come from the code itself.
+Later configs and flags override earlier ones; W&B sweep agents append ``--key=value`` flags
+after the config (``configs/sweeps/``).
+
+Why not LightningCLI itself: it fits one model with one Trainer, and its subcommands are methods
+of the Trainer class, while a federated run drives many modules and Trainers from one round loop.
+The modules stay LightningCLI-compatible (typed ``__init__``), so each also trains standalone.
+
+Every user error ends in one line, ``fedhet: error: <problem>; <fix>``, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from fedhet.errors import ConfigError, FedhetError
+
+log = logging.getLogger("fedhet")
+
+StateStoreKind = Literal["auto", "memory", "disk"]
+
+
+class FederationSettings:
+    """Round-loop settings.
+
+    Args:
+        participation: fraction of clients per round (float in (0, 1]) or a count (int).
+        eval_every: evaluate every this many rounds (the last round always).
+        state_store: ``"memory"``, ``"disk"`` (one file per client under the run directory) or
+            ``"auto"`` (disk when there are more than ``disk_threshold`` clients).
+        disk_threshold: client count above which ``"auto"`` keeps client states on disk.
+        executor: where client steps run; ``"sequential"`` (in-process).
+        persist_optimizer_state: carry each client's optimizer state (momentum, Adam moments)
+            across rounds; off restarts the optimizer every round as HtFLlib does.
+    """
+
+    def __init__(
+        self,
+        participation: float | int = 1.0,
+        eval_every: int = 1,
+        state_store: StateStoreKind = "auto",
+        disk_threshold: int = 50,
+        executor: Literal["sequential"] = "sequential",
+        persist_optimizer_state: bool = True,
+    ) -> None:
+        self.participation = participation
+        self.eval_every = eval_every
+        self.state_store = state_store
+        self.disk_threshold = disk_threshold
+        self.executor = executor
+        self.persist_optimizer_state = persist_optimizer_state
+
+
+def build_parser() -> Any:
+    """The ``fedhet fit`` parser (jsonargparse)."""
+    from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
+
+    from fedhet.algorithms import Algorithm
+    from fedhet.data import DomainShiftScenario, FederatedScenario
+    from fedhet.federation.trainer import TrainerTemplate
+    from fedhet.tracking import WandbConfig
+
+    parser = ArgumentParser(
+        prog="fedhet fit",
+        description="Run one federated experiment.",
+        exit_on_error=False,
+        default_meta=False,
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML config; repeat to compose (later wins)")
+    parser.add_argument("--seed", type=int, default=0, help="experiment seed (initialisation, sampling, batch order)")
+    parser.add_argument("--rounds", type=int, default=10, help="communication rounds")
+    parser.add_argument("--run_dir", type=str | None, default=None, help="run directory (default runs/<method>-<time>)")
+    parser.add_argument(
+        "--models", type=str | list[str], default="cpu4", help="model family name or list of registered model names"
+    )
+    parser.add_argument(
+        "--feature_dim", type=int | None, default=None, help="common feature dimension (linear neck on every backbone)"
+    )
+    parser.add_subclass_arguments(Algorithm, "method", required=True, help="the federated method")
+    parser.add_subclass_arguments(
+        FederatedScenario, "scenario", default=lazy_instance(DomainShiftScenario), help="the federated scenario"
+    )
+    parser.add_class_arguments(TrainerTemplate, "trainer", help="Trainer template of every client fit")
+    parser.add_class_arguments(FederationSettings, "federation", help="round-loop settings")
+    parser.add_class_arguments(WandbConfig, "wandb", help="Weights & Biases logging")
+    return parser
+
+
+def _one_line(message: str) -> str:
+    text = " ".join(str(message).split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _parse(parser: Any, args: Sequence[str]) -> Any:
+    from jsonargparse import ArgumentError
+
+    try:
+        return parser.parse_args(list(args))
+    except ArgumentError as exc:
+        raise ConfigError(f"{_one_line(str(exc))}; see 'fedhet fit --help' or --print_config") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file is not valid YAML ({_one_line(str(exc))})") from None
+
+
+def _split_resume(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    rest: list[str] = []
+    resume: str | None = None
+    iterator = iter(args)
+    for arg in iterator:
+        if arg == "--resume":
+            resume = next(iterator, None)
+            if resume is None:
+                raise ConfigError("--resume needs a run directory: fedhet fit --resume runs/<run>")
+        elif arg.startswith("--resume="):
+            resume = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return resume, rest
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in ("rounds", "run_dir", "config")}
+
+
+def fit(args: Sequence[str]) -> dict[str, Any]:
+    """Run ``fedhet fit`` with ``args``; returns the summary. Raises :class:`FedhetError` on bad input."""
+    from fedhet.federation.trainer import silence_lightning
+
+    silence_lightning()
+    resume, rest = _split_resume(args)
+    parser = build_parser()
+    if resume is not None:
+        from fedhet.tracking import RunDirectory
+
+        saved = RunDirectory(resume)
+        if not saved.config_path.is_file():
+            raise ConfigError(f"--resume {resume}: no config.yaml there; pass the directory of an earlier run")
+        if saved.is_complete():
+            raise ConfigError(f"--resume {resume}: that run already finished (summary.json exists); raise --rounds in a new run")
+        rest = ["--config", str(saved.config_path), *rest]
+    if any(a == "--print_config" or a.startswith("--print_config=") for a in rest):
+        parser.exit_on_error = True
+        parser.parse_args(rest)  # prints and exits
+    config = _parse(parser, rest)
+    if resume is not None:
+        original = yaml.safe_load(RunDirectory(resume).config_path.read_text())
+        current = yaml.safe_load(parser.dump(config, skip_none=False))
+        if _comparable(original) != _comparable(current):
+            changed = sorted(k for k in set(original) | set(current) if original.get(k) != current.get(k) and k not in ("rounds", "run_dir", "config"))
+            raise ConfigError(f"--resume continues a run with its own config; only --rounds may change (changed: {', '.join(changed)})")
+        config.run_dir = resume
+    return run_experiment(parser, config, resume=resume is not None)
+
+
+def _instantiate(parser: Any, config: Any) -> Any:
+    try:
+        return parser.instantiate_classes(config)
+    except FedhetError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid configuration: {_one_line(str(exc))}") from None
+
+
+def run_experiment(parser: Any, config: Any, resume: bool = False) -> dict[str, Any]:
+    """Build the objects of a parsed config and run the round loop with results files and logging."""
+    from fedhet.federation import DiskStateStore, FederationLoop, MemoryStateStore
+    from fedhet.federation.executors import EXECUTORS
+    from fedhet.models import model_for_client, resolve_family
+    from fedhet.tracking import ConsoleCallback, RunDirectory, RunDirectoryCallback, WandbCallback
+
+    resolved_yaml = parser.dump(config, skip_none=False)
+    objects = _instantiate(parser, config)
+    method, scenario, federation = objects.method, objects.scenario, objects.federation
+    family = resolve_family(objects.models)
+    family_name = objects.models if isinstance(objects.models, str) else "custom"
+    scenario.setup()
+    architectures = [model_for_client(family, c) for c in range(scenario.num_clients)]
+
+    run_path = Path(config.run_dir or f"runs/{type(method).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}-s{config.seed}")
+    run_dir = RunDirectory(run_path)
+    checkpoint = run_dir.load_checkpoint() if resume else None
+    if not resume:
+        run_dir.create(resolved_yaml)
+
+    use_disk = federation.state_store == "disk" or (
+        federation.state_store == "auto" and scenario.num_clients > federation.disk_threshold
+    )
+    store = DiskStateStore(run_path / "clients") if use_disk else MemoryStateStore()
+    wandb_callback = WandbCallback(
+        objects.wandb, run_path, yaml.safe_load(resolved_yaml), checkpoint.get("wandb_id") if checkpoint else None
+    )
+    loop = FederationLoop(
+        algorithm=method,
+        scenario=scenario,
+        architectures=architectures,
+        trainer=objects.trainer,
+        rounds=config.rounds,
+        seed=config.seed,
+        participation=federation.participation,
+        eval_every=federation.eval_every,
+        state_store=store,
+        executor=EXECUTORS[federation.executor](),
+        callbacks=[RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}), ConsoleCallback(), wandb_callback],
+        persist_optimizer_state=federation.persist_optimizer_state,
+        feature_dim=config.feature_dim,
+        family_name=family_name,
+    )
+    if checkpoint is not None:
+        loop.load_checkpoint_state(checkpoint)
+        run_dir.truncate_metrics(loop.next_round)
+        log.info("resuming %s at round %d of %d", run_path, loop.next_round + 1, loop.rounds)
+    else:
+        log.info("run directory: %s", run_path)
+    try:
+        summary = loop.run()
+    except BaseException:
+        wandb_callback.abort()
+        raise
+    summary["run_dir"] = str(run_path)
+    return summary
+
+
+def _list(args: Sequence[str]) -> None:
+    from fedhet.algorithms import list_algorithms
+    from fedhet.models import list_families, list_models
+
+    print("methods: " + ", ".join(list_algorithms()))
+    print("models: " + ", ".join(list_models()))
+    print("model families: " + ", ".join(list_families()))
+
+
+USAGE = """usage: fedhet <command> [options]
+
+commands:
+  fit     run one experiment: fedhet fit --config configs/experiments/digits/fedproto.yaml
+  list    list registered methods, models and model families
+
+'fedhet fit --help' shows every option; '--print_config' the resolved config."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fedhet`` console script and ``python -m fedhet``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        if not args or args[0] in ("-h", "--help"):
+            print(USAGE)
+            return 0 if args else 2
+        command, rest = args[0], args[1:]
+        if command == "fit":
+            from fedhet.tracking import format_summary
+
+            summary = fit(rest)
+            print(format_summary(summary))
+            print(f"results: {summary['run_dir']}/summary.json")
+            return 0
+        if command == "list":
+            _list(rest)
+            return 0
+        print(f"fedhet: error: unknown command '{command}'; use 'fit' or 'list'", file=sys.stderr)
+        return 2
+    except FedhetError as exc:
+        print(f"fedhet: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedhet: interrupted; continue the run with 'fedhet fit --resume <run_dir>'", file=sys.stderr)
+        return 130
+    finally:
+        log.removeHandler(handler)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

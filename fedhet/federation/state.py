@@ -1,0 +1,146 @@
+"""Client state stores: where each client's weights, optimizer state and method extras live.
+
+A client's state is a plain dict ``{"module": state_dict, "optimizer": [state_dict, ...] | None}``
+of CPU tensors. Two stores share one interface:
+
+* :class:`MemoryStateStore` keeps them in a dict (small runs; the whole store goes into each
+  round checkpoint);
+* :class:`DiskStateStore` keeps one file per client and version under the run directory, so
+  memory does not grow with the number of clients. Writes are atomic (temporary file, then
+  ``os.replace``) and versioned by round: a state written during round ``r`` only becomes the
+  client's current state when round ``r`` is committed by the round checkpoint. A run killed in
+  the middle of a round therefore resumes from exactly the last committed round.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhet.errors import CheckpointError
+
+ClientState = dict[str, Any]
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file in the same directory, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def safe_torch_load(path: Path, what: str) -> Any:
+    """``torch.load(weights_only=True)`` with a one-line error for missing or corrupt files."""
+    if not path.is_file():
+        raise CheckpointError(f"{what} not found at '{path}'; check the path or start a new run")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
+        raise CheckpointError(
+            f"{what} at '{path}' is corrupt or not a fedhet file ({type(exc).__name__}); "
+            "delete it and resume from an earlier run directory, or start a new run"
+        ) from None
+
+
+class ClientStateStore(ABC):
+    """Interface of client state stores (see module docstring)."""
+
+    @abstractmethod
+    def get(self, client_id: int) -> ClientState | None:
+        """The committed state of a client, or ``None`` if it has never been trained."""
+
+    @abstractmethod
+    def put(self, client_id: int, round_idx: int, state: ClientState) -> None:
+        """Stage a client's new state, written during ``round_idx``."""
+
+    @abstractmethod
+    def commit(self, round_idx: int) -> None:
+        """Make the states staged in ``round_idx`` current (called when the round is checkpointed)."""
+
+    def prune(self) -> None:
+        """Delete superseded states; called only after the checkpoint naming the current ones is saved."""
+
+    @abstractmethod
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a round checkpoint needs to restore this store."""
+
+    @abstractmethod
+    def restore(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`checkpoint_state` output, dropping anything staged after it."""
+
+
+class MemoryStateStore(ClientStateStore):
+    """All client states in memory; checkpoints carry them whole."""
+
+    def __init__(self) -> None:
+        self._committed: dict[int, ClientState] = {}
+        self._staged: dict[int, ClientState] = {}
+
+    def get(self, client_id: int) -> ClientState | None:
+        return self._committed.get(client_id)
+
+    def put(self, client_id: int, round_idx: int, state: ClientState) -> None:
+        self._staged[client_id] = state
+
+    def commit(self, round_idx: int) -> None:
+        self._committed.update(self._staged)
+        self._staged.clear()
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"kind": "memory", "clients": self._committed}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._committed = {int(k): v for k, v in state["clients"].items()}
+        self._staged.clear()
+
+
+class DiskStateStore(ClientStateStore):
+    """One file per client and round under ``directory``; the checkpoint stores only the index."""
+
+    _PATTERN = re.compile(r"client_(\d+)_r(\d+)\.pt$")
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._committed: dict[int, int] = {}  # client -> round of its current file
+        self._staged: dict[int, int] = {}
+
+    def _path(self, client_id: int, round_idx: int) -> Path:
+        return self.directory / f"client_{client_id}_r{round_idx}.pt"
+
+    def get(self, client_id: int) -> ClientState | None:
+        round_idx = self._committed.get(client_id)
+        if round_idx is None:
+            return None
+        return safe_torch_load(self._path(client_id, round_idx), f"state of client {client_id}")
+
+    def put(self, client_id: int, round_idx: int, state: ClientState) -> None:
+        atomic_torch_save(state, self._path(client_id, round_idx))
+        self._staged[client_id] = round_idx
+
+    def commit(self, round_idx: int) -> None:
+        self._committed.update(self._staged)
+        self._staged.clear()
+
+    def prune(self) -> None:
+        for path in self.directory.glob("client_*_r*.pt"):
+            match = self._PATTERN.search(path.name)
+            if match and self._committed.get(int(match.group(1))) != int(match.group(2)):
+                path.unlink(missing_ok=True)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"kind": "disk", "index": dict(self._committed)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._committed = {int(k): int(v) for k, v in state["index"].items()}
+        self._staged.clear()
+        self.prune()  # drop files staged by a round that never committed

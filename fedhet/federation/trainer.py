@@ -1,0 +1,198 @@
+"""Lean Lightning Trainers for client and server phases, built from one user-facing template.
+
+A fresh Trainer is built per (client, round): construction costs about a millisecond, and a
+Trainer shared across different modules is unsupported by Lightning (issue #12789, won't fix).
+Every Trainer runs without logger, checkpointing, progress bar, model summary or sanity check;
+the round loop does the logging once per round. Lightning rebuilds optimizers on every ``fit``,
+so :class:`OptimizerStateCarrier` restores a client's optimizer state at the start of a fit and
+captures it at the end (NVFlare's ``RestoreState`` pattern).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from fedhet.errors import ConfigError
+
+_LEAN_FLAGS: dict[str, Any] = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "num_sanity_val_steps": 0,
+}
+
+
+_DISCOVERY_CACHED = False
+
+
+def cache_callback_discovery() -> None:
+    """Scan Lightning's external-callback entry points once per process instead of once per Trainer.
+
+    Every ``Trainer()`` looks up the ``lightning.pytorch.callbacks_factory`` entry points, which
+    reads the metadata of every installed distribution: about 6 ms per Trainer here, more than
+    the rest of its construction, and paid once per client per round. The entry points cannot
+    change while the process runs, so the lookup is cached; the factories are still called for
+    every Trainer, so each gets fresh callback instances exactly as before.
+    """
+    global _DISCOVERY_CACHED
+    if _DISCOVERY_CACHED:
+        return
+    from importlib.metadata import entry_points
+
+    from lightning.pytorch.trainer.connectors import callback_connector
+
+    original = getattr(callback_connector, "_load_external_callbacks", None)
+    if original is None:  # a Lightning version without the hook: nothing to cache
+        return
+    factories: dict[str, list[Any]] = {}
+
+    def load_external_callbacks(group: str) -> list[Any]:
+        if group not in factories:
+            factories[group] = list(entry_points(group=group))
+        callbacks: list[Any] = []
+        for factory in factories[group]:
+            made = factory.load()()
+            callbacks.extend(made if isinstance(made, list) else [made] if made else [])
+        return callbacks
+
+    callback_connector._load_external_callbacks = load_external_callbacks  # type: ignore[attr-defined]
+    _DISCOVERY_CACHED = True
+
+
+def silence_lightning() -> None:
+    """Keep warnings, drop the per-Trainer INFO chatter ("GPU available ...") and tiny-loader hints."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*number of training batches.*smaller than the logging interval.*")
+    warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
+    # client modules keep a validation_step for standalone use; the round loop evaluates itself
+    warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+
+
+class TrainerTemplate:
+    """The familiar Trainer keys for every client fit (and server phase) of a run.
+
+    Args:
+        max_epochs: local epochs per round (the paper's "local epochs").
+        max_steps: local steps per round instead of epochs (``-1``: use ``max_epochs``).
+        accelerator: ``"cpu"``, ``"gpu"``, ``"auto"`` ...
+        devices: devices per client fit; the round loop runs one device per fit.
+        precision: Lightning precision string, e.g. ``"32-true"``, ``"bf16-mixed"``.
+        gradient_clip_val: clip gradients to this norm (``None``: no clipping).
+        accumulate_grad_batches: gradient accumulation.
+        limit_train_batches: cap batches per local epoch (int) or a fraction (float).
+        deterministic: ``torch.use_deterministic_algorithms`` for each fit.
+    """
+
+    def __init__(
+        self,
+        max_epochs: int = 1,
+        max_steps: int = -1,
+        accelerator: str = "auto",
+        devices: int = 1,
+        precision: str = "32-true",
+        gradient_clip_val: float | None = None,
+        accumulate_grad_batches: int = 1,
+        limit_train_batches: int | float | None = None,
+        deterministic: bool | None = None,
+    ) -> None:
+        if devices != 1:
+            raise ConfigError(
+                f"trainer.devices={devices}: each client fit uses one device; run clients in parallel "
+                "with federation.executor instead"
+            )
+        if max_epochs < 1 and max_steps < 1:
+            raise ConfigError("trainer.max_epochs and trainer.max_steps are both < 1; set a local budget")
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.accelerator = accelerator
+        self.devices = devices
+        self.precision = precision
+        self.gradient_clip_val = gradient_clip_val
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.limit_train_batches = limit_train_batches
+        self.deterministic = deterministic
+
+    def trainer_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Keyword arguments of a lean Trainer, with ``overrides`` (e.g. another budget) applied."""
+        kwargs: dict[str, Any] = {
+            **_LEAN_FLAGS,
+            "max_epochs": self.max_epochs if self.max_steps < 0 else None,
+            "max_steps": self.max_steps,
+            "accelerator": self.accelerator,
+            "devices": self.devices,
+            "precision": self.precision,
+            "gradient_clip_val": self.gradient_clip_val,
+            "accumulate_grad_batches": self.accumulate_grad_batches,
+            "limit_train_batches": self.limit_train_batches,
+            "deterministic": self.deterministic,
+            "limit_val_batches": 0,
+        }
+        kwargs.update(overrides)
+        return kwargs
+
+    def build(self, callbacks: Sequence[Callback] = (), **overrides: Any) -> pl.Trainer:
+        """A fresh lean Trainer."""
+        cache_callback_discovery()
+        return pl.Trainer(callbacks=list(callbacks), **self.trainer_kwargs(**overrides))
+
+    def device(self) -> torch.device:
+        """The device evaluation runs on, matching where the Trainers put the modules."""
+        if self.accelerator in ("gpu", "cuda") or (self.accelerator == "auto" and torch.cuda.is_available()):
+            return torch.device("cuda")
+        if self.accelerator == "mps" or (self.accelerator == "auto" and torch.backends.mps.is_available()):
+            return torch.device("mps")
+        return torch.device("cpu")
+
+
+def _clone_to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _clone_to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clone_to_cpu(v) for v in value]
+    return copy.deepcopy(value)
+
+
+class OptimizerStateCarrier(Callback):
+    """Restore optimizer state when a fit starts and capture it when training ends.
+
+    Lightning calls ``configure_optimizers`` on every ``fit``, so without this a client's
+    momentum or Adam moments would silently restart every round.
+
+    Args:
+        states: one optimizer ``state_dict`` per optimizer of the module, or ``None`` for fresh
+            optimizers (the first round of a client).
+    """
+
+    def __init__(self, states: list[dict[str, Any]] | None) -> None:
+        self.states = states
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.states is None:
+            return
+        if len(self.states) != len(trainer.optimizers):
+            self.states = None
+            return
+        for optimizer, state in zip(trainer.optimizers, self.states):
+            optimizer.load_state_dict(state)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.states = [_clone_to_cpu(optimizer.state_dict()) for optimizer in trainer.optimizers]
+
+
+def clone_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A detached CPU copy of a (nested) state dict, safe to store while the module is reused."""
+    return _clone_to_cpu(state)

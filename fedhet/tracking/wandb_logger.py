@@ -1,0 +1,108 @@
+"""Weights & Biases: one run per experiment, ``round`` as the step metric.
+
+Keys follow design.md section 8: ``client/<id>/...``, ``domain/<d>/...``, ``server/...``,
+``comm/...``; the client x domain accuracy matrix is logged as a table each evaluated round and
+the resolved config goes to ``wandb.config``. ``mode="offline"`` writes under the run directory
+without network (``wandb sync`` uploads later); ``"disabled"`` (or ``WANDB_MODE=disabled``, as the
+tests set) makes every call a no-op. The W&B run id is stored in the checkpoint so that
+``--resume`` continues the same W&B run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+WandbMode = Literal["online", "offline", "disabled"]
+
+
+class WandbConfig:
+    """W&B settings of a run.
+
+    Args:
+        mode: ``"online"``, ``"offline"`` (no network; sync later) or ``"disabled"``. The
+            ``WANDB_MODE`` environment variable, when set, wins.
+        project: W&B project.
+        entity: W&B entity (team or user); ``None`` for the default.
+        group: run group (e.g. one per sweep or per seed set).
+        name: run name (default: W&B's).
+        tags: run tags.
+    """
+
+    def __init__(
+        self,
+        mode: WandbMode = "offline",
+        project: str = "fedhet",
+        entity: str | None = None,
+        group: str | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+    ) -> None:
+        self.mode = mode
+        self.project = project
+        self.entity = entity
+        self.group = group
+        self.name = name
+        self.tags = list(tags or [])
+
+    def effective_mode(self) -> str:
+        return os.environ.get("WANDB_MODE", self.mode)
+
+
+class WandbCallback:
+    """Round callback logging to one W&B run (a no-op when disabled)."""
+
+    def __init__(self, config: WandbConfig, run_dir: Path, resolved_config: dict[str, Any], run_id: str | None) -> None:
+        self.run = None
+        self.run_id = run_id
+        if config.effective_mode() == "disabled":
+            return
+        import wandb
+
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=config.project,
+            entity=config.entity,
+            group=config.group,
+            name=config.name,
+            tags=config.tags,
+            mode=config.effective_mode(),  # type: ignore[arg-type]
+            dir=str(run_dir),
+            config=resolved_config,
+            id=run_id,
+            resume="allow" if run_id else None,
+            settings=wandb.Settings(console="off", silent=True),
+        )
+        self.run_id = self.run.id
+        self.run.define_metric("round")
+        for prefix in ("acc*", "val/*", "client/*", "domain/*", "server/*", "comm/*", "train/*", "time/*"):
+            self.run.define_metric(prefix, step_metric="round")
+
+    def on_round_end(self, loop: Any, record: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        payload: dict[str, Any] = dict(record)
+        if loop.last_matrix and ("acc_intra" in record or "acc_local" in record):
+            matrix = loop.last_matrix
+            payload["matrix/client_x_eval"] = self._wandb.Table(
+                columns=["client", *matrix["columns"]],
+                data=[[row, *values] for row, values in zip(matrix["rows"], matrix["top1"])],
+            )
+        self.run.log(payload)
+
+    def on_run_end(self, loop: Any, summary: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        for block in ("final", "best", "last3"):
+            for key, value in summary.get(block, {}).items():
+                if isinstance(value, (int, float)):
+                    self.run.summary[f"{block}/{key}"] = value
+        self.run.summary["comm/bytes_up"] = summary["comm"]["bytes_up"]
+        self.run.summary["comm/bytes_down"] = summary["comm"]["bytes_down"]
+        self.run.summary["wall_s"] = summary["wall_s"]
+        self.run.finish()
+
+    def abort(self) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=1)

@@ -1,0 +1,91 @@
+"""Shared fixtures: tiny scenarios built from the embedded data, CPU Trainer templates.
+
+Tests never touch the network: W&B is disabled and the embedded data cache goes to a
+temporary directory unless ``FEDHET_CACHE`` is already set.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+os.environ["WANDB_MODE"] = "disabled"
+os.environ.setdefault("FEDHET_CACHE", tempfile.mkdtemp(prefix="fedhet-test-cache-"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+def tiny_domain_shift(**overrides):
+    from fedhet.data import DomainShiftScenario
+
+    kwargs = dict(
+        domains=["mnist", "uci", "mnistm"],
+        private_sizes=[32, 32, 32],
+        val_per_domain=20,
+        test_per_domain=40,
+        public="photos",
+        public_size=64,
+        image_size=16,
+        batch_size=16,
+        public_batch_size=32,
+        eval_batch_size=256,
+        seed=0,
+    )
+    kwargs.update(overrides)
+    return DomainShiftScenario(**kwargs)
+
+
+def tiny_label_skew(**overrides):
+    from fedhet.data import DirichletPartitioner, LabelSkewScenario
+
+    kwargs = dict(
+        dataset="mnist",
+        num_clients=3,
+        partitioner=DirichletPartitioner(beta=0.5, min_size=20),
+        global_test_size=100,
+        global_val_size=50,
+        image_size=16,
+        batch_size=16,
+        eval_batch_size=256,
+        seed=0,
+    )
+    kwargs.update(overrides)
+    return LabelSkewScenario(**kwargs)
+
+
+SCENARIOS = {"domain_shift": tiny_domain_shift, "label_skew": tiny_label_skew}
+
+
+@pytest.fixture
+def cpu_trainer():
+    from fedhet.federation.trainer import TrainerTemplate
+
+    return TrainerTemplate(max_epochs=1, accelerator="cpu")
+
+
+def tiny_overrides(scenario: str = "domain_shift") -> list[str]:
+    """Command-line overrides that shrink an experiment config to seconds on CPU."""
+    if scenario == "domain_shift":
+        return [
+            "--scenario.domains=[mnist, uci, mnistm]",
+            "--scenario.private_sizes=[32, 32, 32]",
+            "--scenario.val_per_domain=20",
+            "--scenario.test_per_domain=40",
+            "--scenario.image_size=16",
+            "--scenario.batch_size=16",
+            "--trainer.max_epochs=1",
+            "--trainer.accelerator=cpu",
+            "--models=tiny2",
+        ]
+    return [
+        "--scenario.num_clients=3",
+        "--scenario.global_test_size=100",
+        "--scenario.global_val_size=50",
+        "--scenario.image_size=16",
+        "--scenario.partitioner.init_args.min_size=20",
+        "--trainer.max_epochs=1",
+        "--trainer.accelerator=cpu",
+        "--models=tiny2",
+    ]

@@ -1,0 +1,87 @@
+"""Payloads, sampling, state stores and the ledger."""
+
+import pytest
+import torch
+
+from fedhet.errors import CheckpointError, ConfigError, TrainingError
+from fedhet.federation.ledger import CommunicationLedger
+from fedhet.federation.payloads import ClassStatsPayload, WeightsPayload
+from fedhet.federation.sampling import clients_per_round, sample_clients
+from fedhet.federation.state import DiskStateStore, MemoryStateStore
+
+
+def test_payload_nbytes_is_measured():
+    p = WeightsPayload(weights={"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.float64)}, num_examples=7)
+    assert p.nbytes() == 3 * 4 * 4 + 5 * 8
+    stats = ClassStatsPayload(values=torch.zeros(10, 64), counts=torch.tensor([3, 0, 1, 0, 0, 0, 0, 0, 0, 2]))
+    assert stats.nbytes() == 3 * (64 * 4 + 8)  # only the 3 classes held go on the wire
+
+
+def test_payload_validation_rejects_nan_and_shape():
+    bad = WeightsPayload(weights={"a": torch.tensor([1.0, float("nan")])})
+    with pytest.raises(TrainingError, match="non-finite"):
+        bad.validate("client 3")
+    good = WeightsPayload(weights={"a": torch.zeros(2)})
+    with pytest.raises(TrainingError, match="shape"):
+        good.validate_against({"a": torch.zeros(3)}, "client 1")
+    with pytest.raises(TrainingError, match="keys"):
+        good.validate_against({"b": torch.zeros(2)}, "client 1")
+    stats = ClassStatsPayload(values=torch.zeros(4, 2), counts=torch.zeros(4, dtype=torch.long))
+    with pytest.raises(TrainingError, match="shape"):
+        stats.validate_shape(num_classes=10, dim=2)
+
+
+def test_sampling_fraction_count_and_determinism():
+    assert clients_per_round(20, 1.0) == 20
+    assert clients_per_round(20, 0.5) == 10
+    assert clients_per_round(20, 3) == 3
+    a = sample_clients(20, 0.5, seed=1, round_idx=4)
+    assert a == sample_clients(20, 0.5, seed=1, round_idx=4) and len(a) == 10 and a == sorted(a)
+    assert a != sample_clients(20, 0.5, seed=1, round_idx=5)
+    with pytest.raises(ConfigError):
+        clients_per_round(5, 6)
+    with pytest.raises(ConfigError):
+        clients_per_round(5, 1.5)
+
+
+def _state(v):
+    return {"module": {"w": torch.full((2,), float(v))}, "optimizer": None}
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_state_store_commit_and_restore(kind, tmp_path):
+    store = MemoryStateStore() if kind == "memory" else DiskStateStore(tmp_path)
+    assert store.get(0) is None
+    store.put(0, 0, _state(1))
+    assert store.get(0) is None  # staged, not committed
+    store.commit(0)
+    checkpoint = store.checkpoint_state()
+    store.prune()
+    store.put(0, 1, _state(2))  # a round that never commits (killed)
+    fresh = MemoryStateStore() if kind == "memory" else DiskStateStore(tmp_path)
+    fresh.restore(checkpoint)
+    assert torch.equal(fresh.get(0)["module"]["w"], torch.full((2,), 1.0))
+    if kind == "disk":
+        assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["client_0_r0.pt"]
+
+
+def test_disk_store_corrupt_file_is_a_clear_error(tmp_path):
+    store = DiskStateStore(tmp_path)
+    store.put(3, 0, _state(1))
+    store.commit(0)
+    (tmp_path / "client_3_r0.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        store.get(3)
+
+
+def test_ledger_totals():
+    ledger = CommunicationLedger()
+    ledger.start_round()
+    ledger.record_up(100)
+    ledger.record_down(30)
+    ledger.record_down(30)
+    m = ledger.end_round(0, participants=2)
+    assert m["comm/bytes_up"] == 100 and m["comm/bytes_down_per_client"] == 30
+    ledger.start_round()
+    ledger.record_up(1)
+    assert ledger.end_round(1, 1)["comm/bytes_up_total"] == 101

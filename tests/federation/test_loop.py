@@ -1,0 +1,201 @@
+"""The round loop: resume, state stores, optimizer state, collaborative and trainable server phases."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedhet.algorithms.base import Algorithm, ClientModule, ClientUpload, CollaborativePhase, TrainableServerPhase
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.local import Local
+from fedhet.errors import TrainingError
+from fedhet.federation import DiskStateStore, FederationLoop
+from fedhet.federation.payloads import Payload, WeightsPayload
+from fedhet.federation.trainer import TrainerTemplate
+from tests.conftest import tiny_domain_shift, tiny_label_skew
+
+
+def _loop(algorithm, rounds=4, seed=0, scenario=None, store=None, callbacks=(), architectures=None, **kwargs):
+    scenario = scenario or tiny_label_skew()
+    scenario.setup()
+    architectures = architectures or ["cnn_tiny", "mlp_tiny", "cnn_tiny"][: scenario.num_clients]
+    return FederationLoop(
+        algorithm,
+        scenario,
+        architectures,
+        TrainerTemplate(max_epochs=1, accelerator="cpu"),
+        rounds=rounds,
+        seed=seed,
+        state_store=store,
+        callbacks=callbacks,
+        **kwargs,
+    )
+
+
+class _StopAfter:
+    """Simulates a kill right after round ``n`` was checkpointed."""
+
+    def __init__(self, n, sink):
+        self.n, self.sink = n, sink
+
+    def on_round_end(self, loop, record):
+        self.sink.append(loop.checkpoint_state())
+        if record["round"] + 1 == self.n:
+            raise KeyboardInterrupt
+
+    def on_run_end(self, loop, summary):
+        pass
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "disk"])
+def test_resume_after_round_two_equals_uninterrupted(store_kind, tmp_path):
+    def store(name):
+        return DiskStateStore(tmp_path / name) if store_kind == "disk" else None
+
+    full = _loop(Local(lr=0.05, momentum=0.9), store=store("full")).run()
+    checkpoints: list = []
+    interrupted = _loop(Local(lr=0.05, momentum=0.9), store=store("part"), callbacks=[_StopAfter(2, checkpoints)])
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.run()
+    # round-trip the checkpoint through torch.save / weights_only load, as the run directory does
+    path = tmp_path / "ckpt.pt"
+    torch.save(checkpoints[-1], path)
+    state = torch.load(path, weights_only=True)
+    resumed = _loop(Local(lr=0.05, momentum=0.9), store=store("part"))
+    resumed.load_checkpoint_state(state)
+    assert resumed.next_round == 2
+    summary = resumed.run()
+    assert summary["final"] == full["final"]
+    assert summary["best"] == full["best"]
+    assert summary["comm"] == full["comm"]
+
+
+def test_disk_store_gives_the_same_numbers_as_memory(tmp_path):
+    memory = _loop(FedAvg(lr=0.05), rounds=2, architectures=["cnn_tiny"] * 3).run()
+    disk = _loop(FedAvg(lr=0.05), rounds=2, architectures=["cnn_tiny"] * 3, store=DiskStateStore(tmp_path)).run()
+    assert memory["final"] == disk["final"]
+
+
+def test_optimizer_state_survives_rounds():
+    loop = _loop(Local(lr=0.05, momentum=0.9), rounds=2)
+    loop.run()
+    state = loop.store.get(0)["optimizer"]
+    assert state is not None and len(state) == 1
+    buffers = [v["momentum_buffer"] for v in state[0]["state"].values()]
+    assert buffers and all(torch.isfinite(b).all() for b in buffers)
+    # turning persistence off restarts the optimizer each round and changes the trajectory
+    off = _loop(Local(lr=0.05, momentum=0.9), rounds=2, persist_optimizer_state=False).run()
+    on = _loop(Local(lr=0.05, momentum=0.9), rounds=2).run()
+    assert off["final"] != on["final"]
+
+
+def test_partial_participation_trains_only_sampled_clients():
+    loop = _loop(Local(lr=0.05), rounds=1, participation=1)
+    loop.run()
+    trained = [cid for cid in range(3) if loop.store.get(cid) is not None]
+    assert len(trained) == 1 and loop.history[0]["clients"] == 1
+
+
+def test_nan_loss_is_a_clear_error():
+    loop = _loop(Local(lr=1e30), rounds=1)
+    with pytest.raises(TrainingError, match="non-finite"):
+        loop.run()
+
+
+# --------------------------------------------------------------- collaborative phase
+class _ConsensusPhase(CollaborativePhase):
+    """Each client is pulled towards the mean of all clients' current logits (FedMD-style, lock-step)."""
+
+    seen_batches: list = []
+
+    def collaborative_losses(self, x: Tensor) -> list[Tensor]:
+        logits = [client(x) for client in self.clients]
+        consensus = torch.stack([l.detach() for l in logits]).mean(0)
+        type(self).seen_batches.append(x[:1, 0, 0, 0].clone())
+        self.exchanged_bytes_up += sum(l.numel() * l.element_size() for l in logits)
+        self.exchanged_bytes_down += consensus.numel() * consensus.element_size() * len(logits)
+        return [F.l1_loss(l, consensus) for l in logits]
+
+
+class _Consensus(Algorithm):
+    def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> CollaborativePhase:
+        return _ConsensusPhase(clients)
+
+    def collaborative_epochs(self) -> int:
+        return 1
+
+
+def test_collaborative_phase_steps_all_clients_on_the_same_batches():
+    scenario = tiny_domain_shift()
+    loop = _loop(_Consensus(lr=0.05), rounds=1, scenario=scenario)
+    _ConsensusPhase.seen_batches = []
+    loop.run()
+    batches = -(-scenario.public_size // scenario.public_batch_size)
+    assert len(_ConsensusPhase.seen_batches) == batches  # one step per public batch, all clients together
+    record = loop.history[0]
+    n, c = scenario.public_size, scenario.num_classes
+    assert record["comm/bytes_up"] == 3 * n * c * 4
+    assert record["comm/bytes_down"] == 3 * n * c * 4
+
+
+def test_collaborative_losses_do_not_leak_gradients_across_clients():
+    scenario = tiny_domain_shift()
+    scenario.setup()
+    loop = _loop(_Consensus(lr=0.05), rounds=1, scenario=scenario)
+    modules = [loop.runtime.module("cnn_tiny", 0), loop.runtime.module("cnn_tiny", 1)]
+    phase = _ConsensusPhase(modules)
+    x = torch.randn(4, 3, 16, 16)
+    losses = phase.collaborative_losses(x)
+    losses[0].backward()
+    assert all(p.grad is None for p in modules[1].parameters())
+
+
+# --------------------------------------------------------------- trainable server phase
+class _DistillServer(TrainableServerPhase):
+    """Averages client heads, then fits a server model on public data (exercises the server Trainer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.student = nn.Linear(3 * 16 * 16, 3)
+        self.steps = 0
+        self.received = 0
+
+    def aggregate(self, round_idx, uploads: Sequence[ClientUpload]) -> None:
+        self.received = len(uploads)
+
+    def server_dataloader(self, scenario, seed):
+        return scenario.public_loader(seed)
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        x = batch[0].flatten(1)
+        return self.student(x).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def download_for(self, client_id) -> Payload:
+        return WeightsPayload(weights={k: v.detach().cpu() for k, v in self.student.state_dict().items()})
+
+    def metrics(self):
+        return {"steps": float(self.steps)}
+
+
+class _Distill(Algorithm):
+    def build_server(self):
+        return _DistillServer()
+
+
+def test_trainable_server_phase_is_fitted_each_round():
+    scenario = tiny_domain_shift()
+    loop = _loop(_Distill(lr=0.05), rounds=2, scenario=scenario)
+    summary = loop.run()
+    batches = -(-scenario.public_size // scenario.public_batch_size)
+    assert loop.history[0]["server/steps"] == batches
+    assert loop.history[1]["server/steps"] == 2 * batches
+    assert summary["comm"]["bytes_down"] > 0 and math.isfinite(summary["final"]["acc_intra"])
