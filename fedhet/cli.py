@@ -66,10 +66,10 @@ class FederationSettings:
 
 def build_parser() -> Any:
     """The ``fedhet fit`` parser (jsonargparse)."""
-    from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
+    from jsonargparse import ActionConfigFile, ArgumentParser
 
     from fedhet.algorithms import Algorithm
-    from fedhet.data import DomainShiftScenario, FederatedScenario
+    from fedhet.data import FederatedScenario
     from fedhet.federation.trainer import TrainerTemplate
     from fedhet.tracking import WandbConfig
 
@@ -90,9 +90,9 @@ def build_parser() -> Any:
         "--feature_dim", type=int | None, default=None, help="common feature dimension (linear neck on every backbone)"
     )
     parser.add_subclass_arguments(Algorithm, "method", required=True, help="the federated method")
-    parser.add_subclass_arguments(
-        FederatedScenario, "scenario", default=lazy_instance(DomainShiftScenario), help="the federated scenario"
-    )
+    # No default scenario: jsonargparse would carry a default's init_args (e.g. public data) over
+    # to another scenario class chosen in a config.
+    parser.add_subclass_arguments(FederatedScenario, "scenario", required=True, help="the federated scenario")
     parser.add_class_arguments(TrainerTemplate, "trainer", help="Trainer template of every client fit")
     parser.add_class_arguments(FederationSettings, "federation", help="round-loop settings")
     parser.add_class_arguments(WandbConfig, "wandb", help="Weights & Biases logging")

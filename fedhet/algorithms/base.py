@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.federation.payloads import Payload
+from fedhet.federation.state import copy_state_into
 
 Batch = tuple[Tensor, Tensor]
 OptimizerName = Literal["sgd", "adam", "adamw"]
@@ -175,7 +176,7 @@ class ClientModule(pl.LightningModule):
 
     def load_client_state(self, state: Mapping[str, Tensor]) -> None:
         """Restore what :meth:`client_state` returned."""
-        self.load_state_dict(state)
+        copy_state_into(self, dict(state))
 
     def mean_train_loss(self) -> float:
         """Mean loss over the last local epoch (``nan`` when no step ran)."""

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ClientUpload, ServerContext, ServerPhase
 from fedhet.federation.payloads import Payload, WeightsPayload
+from fedhet.federation.state import copy_state_into
 from fedhet.federation.trainer import clone_state
 from fedhet.functional import weighted_average
 
@@ -39,7 +40,7 @@ class FedAvgClient(ClientModule):
 
     def on_receive(self, download: Payload | None) -> None:
         if isinstance(download, WeightsPayload):
-            self.model.load_state_dict(download.weights)
+            copy_state_into(self.model, download.weights)
 
     def make_upload(self, train_batches: Iterable[Batch]) -> WeightsPayload:
         return WeightsPayload(weights=clone_state(self.model.state_dict()))

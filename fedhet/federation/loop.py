@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
-from lightning.pytorch.utilities.seed import isolate_rng
 
 from fedhet.algorithms.base import Algorithm, ClientUpload, ServerContext, TrainableServerPhase
 from fedhet.errors import ConfigError
@@ -32,7 +31,7 @@ from fedhet.federation.state import ClientStateStore, MemoryStateStore
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 from fedhet.metrics import BestTracker, ClientSetAccuracy, round_metrics
 from fedhet.metrics.report import HEADLINE, as_matrix_list, mean_last
-from fedhet.seeding import derive_seed
+from fedhet.seeding import derive_seed, seeded
 
 log = logging.getLogger("fedhet")
 
@@ -214,8 +213,7 @@ class FederationLoop:
         self.server.aggregate(round_idx, uploads)
         if isinstance(self.server, TrainableServerPhase):
             seed = derive_seed(self.seed, "server", round_idx)
-            with isolate_rng():
-                torch.manual_seed(seed)
+            with seeded(seed, self.runtime.device):
                 self.server_trainer.build().fit(
                     self.server, train_dataloaders=self.server.server_dataloader(self.scenario, seed)
                 )

@@ -63,14 +63,22 @@ class Payload:
         Raises:
             TrainingError: naming the sender, the field and the problem.
         """
+        floating = []
         for name, tensor in self.tensors():
             if tensor.is_complex():
                 raise TrainingError(f"{sender} sent field '{name}' with unsupported dtype {tensor.dtype}")
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise TrainingError(
-                    f"{sender} sent non-finite values in '{name}' (training diverged?); "
-                    "lower the learning rate or enable gradient clipping (--trainer.gradient_clip_val)"
-                )
+            if tensor.is_floating_point():
+                floating.append((name, tensor))
+        if not floating:
+            return
+        # one fused check over everything; the per-field search runs only when it fails
+        if bool(torch.isfinite(torch.cat([t.reshape(-1).float() for _, t in floating])).all()):
+            return
+        name = next(n for n, t in floating if not bool(torch.isfinite(t).all()))
+        raise TrainingError(
+            f"{sender} sent non-finite values in '{name}' (training diverged?); "
+            "lower the learning rate or enable gradient clipping (--trainer.gradient_clip_val)"
+        )
 
     def to(self, device: torch.device | str) -> Payload:
         """Return a copy with every tensor moved to ``device``."""

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities.seed import isolate_rng
 from torch import Tensor
 
 from fedhet.algorithms.base import Algorithm, ClientModule
@@ -29,7 +28,7 @@ from fedhet.errors import TrainingError
 from fedhet.federation.payloads import Payload
 from fedhet.federation.state import ClientState
 from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate, clone_state
-from fedhet.seeding import derive_seed
+from fedhet.seeding import derive_seed, seeded
 
 
 @dataclass(frozen=True)
@@ -94,6 +93,7 @@ class ClientRuntime:
         self.seed = seed
         self.persist_optimizer_state = persist_optimizer_state
         self._modules: dict[tuple[str, int], ClientModule] = {}
+        self.device = trainer.device()
 
     # ------------------------------------------------------------------ modules and state
     def build_module(self, architecture: str, init_seed: int) -> ClientModule:
@@ -101,8 +101,7 @@ class ClientRuntime:
         from fedhet.models import create_model
 
         options = {} if self.feature_dim is None else {"feature_dim": self.feature_dim}
-        with isolate_rng():
-            torch.manual_seed(init_seed)
+        with seeded(init_seed):
             model = create_model(
                 architecture,
                 num_classes=self.scenario.num_classes,
@@ -139,8 +138,7 @@ class ClientRuntime:
         seed = derive_seed(self.seed, "fit", task.round_idx, task.client_id)
         carrier = OptimizerStateCarrier(state.get("optimizer") if self.persist_optimizer_state else None)
         trainer = self.trainer.build(callbacks=[carrier])
-        with isolate_rng():
-            torch.manual_seed(seed)
+        with seeded(seed, self.device):
             trainer.fit(module, train_dataloaders=self.scenario.train_loader(task.client_id, seed))
         loss = module.mean_train_loss()
         if not math.isfinite(loss):
@@ -155,7 +153,7 @@ class ClientRuntime:
     def _make_upload(self, module: ClientModule, client_id: int) -> Payload | None:
         train = self.scenario.client_data(client_id).train
         was_training = module.training
-        module.to(self.trainer.device()).eval()
+        module.to(self.device).eval()
         with torch.no_grad():
             upload = module.make_upload(self._batches_on_device(train))
         module.train(was_training)
@@ -179,8 +177,7 @@ class ClientRuntime:
             raise TrainingError(f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase")
         seed = derive_seed(self.seed, "collaborate", round_idx)
         trainer = self.trainer.build(max_epochs=self.algorithm.collaborative_epochs(), max_steps=-1, limit_train_batches=None)
-        with isolate_rng():
-            torch.manual_seed(seed)
+        with seeded(seed, self.device):
             trainer.fit(phase, train_dataloaders=self.scenario.public_loader(seed))
         new_states = [
             {"module": clone_state(module.client_state()), "optimizer": state.get("optimizer")}
@@ -191,7 +188,7 @@ class ClientRuntime:
     # ------------------------------------------------------------------ evaluation
     def _batches_on_device(self, data: Any) -> Any:
         """Evaluation-order batches of ``data`` on the evaluation device (built only if iterated)."""
-        device = self.trainer.device()
+        device = self.device
         for x, y in self.scenario.eval_loader(data):
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
@@ -205,7 +202,7 @@ class ClientRuntime:
 
         module = self.module(self.architectures[task.client_id])
         self._load(module, task)
-        module.to(self.trainer.device()).eval()
+        module.to(self.device).eval()
         results = []
         for data in eval_sets:
             correct = torch.zeros(2, dtype=torch.float64)

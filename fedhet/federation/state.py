@@ -144,3 +144,21 @@ class DiskStateStore(ClientStateStore):
         self._committed = {int(k): int(v) for k, v in state["index"].items()}
         self._staged.clear()
         self.prune()  # drop files staged by a round that never committed
+
+
+def copy_state_into(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """``module.load_state_dict(state)`` semantics at a fraction of the cost, for weight swapping.
+
+    The round loop swaps client weights into live modules several times per client and round;
+    ``load_state_dict`` walks the module tree with hooks and checks and costs about 3 ms for a
+    small ResNet, copying tensor by tensor into ``state_dict(keep_vars=True)`` about 0.6 ms.
+    Anything unusual (missing or unexpected keys, a shape mismatch) falls back to
+    ``load_state_dict`` so errors read exactly as PyTorch's.
+    """
+    own = module.state_dict(keep_vars=True)
+    if own.keys() != state.keys() or any(own[k].shape != state[k].shape for k in own):
+        module.load_state_dict(state)
+        return
+    with torch.no_grad():
+        for key, tensor in own.items():
+            tensor.copy_(state[key])

@@ -16,6 +16,7 @@ from typing import Any, TypeVar, overload
 import torch
 
 from fedhet.errors import ConfigError
+from fedhet.seeding import seeded
 from fedhet.models.base import FeatureClassifier
 
 __all__ = ["create_model", "is_model", "list_models", "model_tags", "register_model"]
@@ -165,8 +166,6 @@ def create_model(
     entrypoint = _model_entrypoints[name]
     if seed is None:
         return entrypoint(num_classes=num_classes, in_channels=in_channels, **kwargs)
-    # Parameters are created on the CPU, so only the CPU generator is forked (devices=[] also
-    # keeps this from initialising CUDA).
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    # Parameters are created on the CPU, so only the CPU generator is seeded and restored.
+    with seeded(seed):
         return entrypoint(num_classes=num_classes, in_channels=in_channels, **kwargs)
