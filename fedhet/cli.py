@@ -18,6 +18,7 @@ Every user error ends in one line, ``fedhet: error: <problem>; <fix>``, and exit
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -253,6 +254,10 @@ commands:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedhet`` console script and ``python -m fedhet``."""
+    # MKL adapts its thread count to the machine's load by default, which changes the order of
+    # floating-point reductions and so the last bits of results between identical runs on a busy
+    # machine. Fixed thread counts keep "same seed, same numbers" (set before torch loads MKL).
+    os.environ.setdefault("MKL_DYNAMIC", "FALSE")
     args = list(sys.argv[1:] if argv is None else argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-import pytest
-import torch
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")  # fixed BLAS thread counts: identical numbers on a busy machine
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ["WANDB_MODE"] = "disabled"
 os.environ.setdefault("FEDHET_CACHE", tempfile.mkdtemp(prefix="fedhet-test-cache-"))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from fedhet.cli import main
@@ -79,9 +81,11 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, capsys):
     code, _, err = _fit([*base, "--run_dir", str(tmp_path / "full")], capsys)
     assert code == 0, err
     cut = tmp_path / "cut"
+    # bitwise-equal numbers need the same intra-op thread count in both processes
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     process = subprocess.Popen(
         [sys.executable, "-m", "fedhet", "fit", *base, "--run_dir", str(cut)],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT,
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT, env=env,
     )
     for line in process.stderr:  # the checkpoint of a round is written before its progress line
         if "round   2/4" in line:

@@ -70,10 +70,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--out", type=Path, default=Path("docs/images"))
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    options = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name, splits in load_embedded(args.seed).items():
-        path = save_montage(splits.train, args.out / f"digits_{name}.png")
+    for name, splits in load_embedded(options.seed).items():
+        path = save_montage(splits.train, options.out / f"digits_{name}.png")
         logger.info("wrote %s", path)
 
 

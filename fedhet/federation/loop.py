@@ -229,25 +229,29 @@ class FederationLoop:
 
         eval_started = time.perf_counter()
         if (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1:
-            record.update(self.evaluate())
+            record.update(self.evaluate(round_idx))
             self.best.update(round_idx, record)
         record["time/fit_s"] = round(fit_s, 3)
         record["time/eval_s"] = round(time.perf_counter() - eval_started, 3)
         record["time/round_s"] = round(time.perf_counter() - started, 3)
         return record
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, round_idx: int) -> dict[str, float]:
         """Every client's model (its state plus its current download) on the test and validation sets."""
         tasks = [
-            ClientTask(cid, self.next_round, self.store.get(cid), self.server.download_for(cid))
+            ClientTask(cid, round_idx, self.store.get(cid), self.server.download_for(cid))
             for cid in range(self.scenario.num_clients)
         ]
+        columns = len(self.column_names)
+        # one pass per client over its test columns then its validation columns (one state load)
+        sets = [test + val for test, val in zip(self._eval_sets["test"], self._eval_sets["val"])]
+        per_client = self.executor.evaluate(tasks, sets)
         results: dict[str, dict[str, torch.Tensor]] = {}
-        for split in ("test", "val"):
-            per_client = self.executor.evaluate(tasks, self._eval_sets[split])
-            metric = ClientSetAccuracy(self.scenario.num_clients, len(self.column_names))
-            for cid, columns in enumerate(per_client):
-                for column, (correct, total) in enumerate(columns):
+        for split, offset in (("test", 0), ("val", columns)):
+            metric = ClientSetAccuracy(self.scenario.num_clients, columns)
+            for cid, counts in enumerate(per_client):
+                for column in range(columns):
+                    correct, total = counts[offset + column]
                     metric.update(correct, float(total), cid, column)
             results[split] = metric.compute()
         own = torch.tensor([self.scenario.client_domain_index(c) for c in range(self.scenario.num_clients)])

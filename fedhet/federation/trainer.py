@@ -154,7 +154,7 @@ class TrainerTemplate:
 
     def trainer_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments of a lean Trainer, with ``overrides`` (e.g. another budget) applied."""
-        kwargs: dict[str, Any] = {
+        flags: dict[str, Any] = {
             **_LEAN_FLAGS,
             "max_epochs": self.max_epochs if self.max_steps < 0 else None,
             "max_steps": self.max_steps,
@@ -167,11 +167,11 @@ class TrainerTemplate:
             "deterministic": self.deterministic,
             "limit_val_batches": 0,
         }
-        kwargs.update(overrides)
-        if kwargs["devices"] == 1 and "strategy" not in kwargs:
-            kwargs["strategy"] = ResidentDeviceStrategy(device=self.device())
-            kwargs.pop("devices")
-        return kwargs
+        flags.update(overrides)
+        if flags["devices"] == 1 and "strategy" not in flags:
+            flags["strategy"] = ResidentDeviceStrategy(device=self.device())
+            flags.pop("devices")
+        return flags
 
     def build(self, callbacks: Sequence[Callback] = (), **overrides: Any) -> pl.Trainer:
         """A fresh lean Trainer."""

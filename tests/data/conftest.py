@@ -21,10 +21,17 @@ def fedhet_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield cache
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread() -> None:
-    """The test machines are small and shared: never use more than one intra-op thread."""
+@pytest.fixture(scope="package", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """The test machines are small and shared: data tests use one intra-op thread.
+
+    The previous count is restored afterwards: results of training depend on the thread count
+    (floating-point reduction order), and other test packages compare runs across processes.
+    """
+    previous = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")
