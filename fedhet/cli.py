@@ -132,8 +132,8 @@ def _split_resume(args: Sequence[str]) -> tuple[str | None, list[str]]:
     return resume, rest
 
 
-def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in ("rounds", "run_dir", "config")}
+#: Keys a resumed run may differ in from the run it continues.
+RESUMABLE_KEYS = ("rounds", "run_dir", "config")
 
 
 def fit(args: Sequence[str]) -> dict[str, Any]:
@@ -159,9 +159,13 @@ def fit(args: Sequence[str]) -> dict[str, Any]:
     if resume is not None:
         original = yaml.safe_load(RunDirectory(resume).config_path.read_text())
         current = yaml.safe_load(parser.dump(config, skip_none=False))
-        if _comparable(original) != _comparable(current):
-            changed = sorted(k for k in set(original) | set(current) if original.get(k) != current.get(k) and k not in ("rounds", "run_dir", "config"))
-            raise ConfigError(f"--resume continues a run with its own config; only --rounds may change (changed: {', '.join(changed)})")
+        changed = sorted(
+            k for k in set(original) | set(current) if k not in RESUMABLE_KEYS and original.get(k) != current.get(k)
+        )
+        if changed:
+            raise ConfigError(
+                f"--resume continues a run with its own config; only --rounds may change (changed: {', '.join(changed)})"
+            )
         config.run_dir = resume
     return run_experiment(parser, config, resume=resume is not None)
 
@@ -194,15 +198,12 @@ def run_experiment(parser: Any, config: Any, resume: bool = False) -> dict[str, 
     run_dir = RunDirectory(run_path)
     checkpoint = run_dir.load_checkpoint() if resume else None
     if not resume:
-        run_dir.create(resolved_yaml)
+        run_dir.ensure_new()
 
     use_disk = federation.state_store == "disk" or (
         federation.state_store == "auto" and scenario.num_clients > federation.disk_threshold
     )
-    store = DiskStateStore(run_path / "clients") if use_disk else MemoryStateStore()
-    wandb_callback = WandbCallback(
-        objects.wandb, run_path, yaml.safe_load(resolved_yaml), checkpoint.get("wandb_id") if checkpoint else None
-    )
+    # The loop validates the method/scenario/family combination: build it before writing anything.
     loop = FederationLoop(
         algorithm=method,
         scenario=scenario,
@@ -212,13 +213,18 @@ def run_experiment(parser: Any, config: Any, resume: bool = False) -> dict[str, 
         seed=config.seed,
         participation=federation.participation,
         eval_every=federation.eval_every,
-        state_store=store,
+        state_store=DiskStateStore(run_path / "clients") if use_disk else MemoryStateStore(),
         executor=EXECUTORS[federation.executor](),
-        callbacks=[RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}), ConsoleCallback(), wandb_callback],
         persist_optimizer_state=federation.persist_optimizer_state,
         feature_dim=config.feature_dim,
         family_name=family_name,
     )
+    if not resume:
+        run_dir.create(resolved_yaml)
+    wandb_callback = WandbCallback(
+        objects.wandb, run_path, yaml.safe_load(resolved_yaml), checkpoint.get("wandb_id") if checkpoint else None
+    )
+    loop.callbacks = [RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}), ConsoleCallback(), wandb_callback]
     if checkpoint is not None:
         loop.load_checkpoint_state(checkpoint)
         run_dir.truncate_metrics(loop.next_round)

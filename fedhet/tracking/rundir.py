@@ -65,13 +65,17 @@ class RunDirectory:
     def is_complete(self) -> bool:
         return self.summary_path.is_file()
 
-    def create(self, config_yaml: str) -> None:
-        """Start a new run: refuse to overwrite an existing run's results."""
+    def ensure_new(self) -> None:
+        """Refuse to start a run where another run's results are."""
         if self.metrics_path.exists() or self.checkpoint_path.exists() or self.summary_path.exists():
             raise CheckpointError(
                 f"run directory '{self.path}' already holds a run; continue it with --resume {self.path} "
                 "or choose another --run_dir"
             )
+
+    def create(self, config_yaml: str) -> None:
+        """Start a new run: write the resolved config (refusing to overwrite an existing run)."""
+        self.ensure_new()
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, config_yaml)
 
