@@ -34,6 +34,13 @@ def run_all(root: Path, seed: int) -> dict[tuple[str, str], dict]:
     return summaries
 
 
+def _shared_cells(summary: dict) -> tuple[str, str, str]:
+    """Method name, model family kind, and communication per round of one run."""
+    comm = (summary["comm"]["bytes_up"] + summary["comm"]["bytes_down"]) / summary["rounds"] / 1e3
+    models = "homogeneous" if len(set(summary["models"])) == 1 else "heterogeneous"
+    return summary["method"], models, f"{comm:.1f} kB"
+
+
 def table(summaries: dict[tuple[str, str], dict]) -> str:
     lines = [
         "### Domain shift: `configs/experiments/digits/` (4 clients, one per domain)",
@@ -46,10 +53,9 @@ def table(summaries: dict[tuple[str, str], dict]) -> str:
         final = s["final"]
         domains = "".join(f" {final[f'domain/{d}/acc_intra']:.1f} / {final[f'domain/{d}/acc_inter']:.1f} |"
                           for d in ("mnist", "uci", "mnistm", "syn"))
-        comm = (s["comm"]["bytes_up"] + s["comm"]["bytes_down"]) / s["rounds"] / 1e3
-        models = "homogeneous" if len(set(s["models"])) == 1 else "heterogeneous"
-        lines.append(f"| {s['method']} | {models} | {final['acc_intra']:.2f} | {final['acc_inter']:.2f} |{domains}"
-                     f" {comm:.1f} kB | {s['wall_s']:.0f} s |")
+        name, models, comm = _shared_cells(s)
+        lines.append(f"| {name} | {models} | {final['acc_intra']:.2f} | {final['acc_inter']:.2f} |{domains}"
+                     f" {comm} | {s['wall_s']:.0f} s |")
     lines += [
         "",
         "Per-domain cells are intra / inter of that domain's client (final round).",
@@ -62,10 +68,9 @@ def table(summaries: dict[tuple[str, str], dict]) -> str:
     for method in METHODS:
         s = summaries["digits_dir", method]
         final = s["final"]
-        comm = (s["comm"]["bytes_up"] + s["comm"]["bytes_down"]) / s["rounds"] / 1e3
-        models = "homogeneous" if len(set(s["models"])) == 1 else "heterogeneous"
-        lines.append(f"| {s['method']} | {models} | {final['acc_local']:.2f} | {final['acc_local_mean']:.2f} ± "
-                     f"{final['acc_local_std']:.2f} | {final['acc_global']:.2f} | {comm:.1f} kB | {s['wall_s']:.0f} s |")
+        name, models, comm = _shared_cells(s)
+        lines.append(f"| {name} | {models} | {final['acc_local']:.2f} | {final['acc_local_mean']:.2f} ± "
+                     f"{final['acc_local_std']:.2f} | {final['acc_global']:.2f} | {comm} | {s['wall_s']:.0f} s |")
     return "\n".join(lines)
 
 

@@ -17,7 +17,6 @@ import argparse
 import logging
 import statistics
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.seed import isolate_rng
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from fedhet.metrics.functional import intra_inter_accuracy, local_accuracy
