@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 
 from fedhet.errors import ConfigError, FedhetError
+from fedhet.federation.privacy import PayloadNoise
 
 log = logging.getLogger("fedhet")
 
@@ -46,6 +47,9 @@ class FederationSettings:
         executor: where client steps run; ``"sequential"`` (in-process).
         persist_optimizer_state: carry each client's optimizer state (momentum, Adam moments)
             across rounds; off restarts the optimizer every round as HtFLlib does.
+        upload_noise: FedPCL-style Gaussian perturbation of every upload (privacy studies,
+            FedKTL Tab. 10 "NC"); ``null``: none.
+        download_noise: the same for every download ("NG"); ``null``: none.
     """
 
     def __init__(
@@ -56,6 +60,8 @@ class FederationSettings:
         disk_threshold: int = 50,
         executor: Literal["sequential"] = "sequential",
         persist_optimizer_state: bool = True,
+        upload_noise: PayloadNoise | None = None,
+        download_noise: PayloadNoise | None = None,
     ) -> None:
         self.participation = participation
         self.eval_every = eval_every
@@ -63,6 +69,8 @@ class FederationSettings:
         self.disk_threshold = disk_threshold
         self.executor = executor
         self.persist_optimizer_state = persist_optimizer_state
+        self.upload_noise = upload_noise
+        self.download_noise = download_noise
 
 
 def build_parser() -> Any:
@@ -136,8 +144,12 @@ def _split_resume(args: Sequence[str]) -> tuple[str | None, list[str]]:
 RESUMABLE_KEYS = ("rounds", "run_dir", "config")
 
 
-def fit(args: Sequence[str]) -> dict[str, Any]:
-    """Run ``fedhet fit`` with ``args``; returns the summary. Raises :class:`FedhetError` on bad input."""
+def fit(args: Sequence[str], callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Run ``fedhet fit`` with ``args``; returns the summary. Raises :class:`FedhetError` on bad input.
+
+    ``callbacks`` are extra round observers (``on_round_end(loop, record)``, ``on_run_end(loop,
+    summary)``) for programs that drive experiments, e.g. to keep per-round server artifacts.
+    """
     from fedhet.federation.trainer import silence_lightning
 
     silence_lightning()
@@ -167,7 +179,7 @@ def fit(args: Sequence[str]) -> dict[str, Any]:
                 f"--resume continues a run with its own config; only --rounds may change (changed: {', '.join(changed)})"
             )
         config.run_dir = resume
-    return run_experiment(parser, config, resume=resume is not None)
+    return run_experiment(parser, config, resume=resume is not None, callbacks=callbacks)
 
 
 def _instantiate(parser: Any, config: Any) -> Any:
@@ -179,7 +191,7 @@ def _instantiate(parser: Any, config: Any) -> Any:
         raise ConfigError(f"invalid configuration: {_one_line(str(exc))}") from None
 
 
-def run_experiment(parser: Any, config: Any, resume: bool = False) -> dict[str, Any]:
+def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Build the objects of a parsed config and run the round loop with results files and logging."""
     from fedhet.federation import DiskStateStore, FederationLoop, MemoryStateStore
     from fedhet.federation.executors import EXECUTORS
@@ -216,6 +228,8 @@ def run_experiment(parser: Any, config: Any, resume: bool = False) -> dict[str, 
         state_store=DiskStateStore(run_path / "clients") if use_disk else MemoryStateStore(),
         executor=EXECUTORS[federation.executor](),
         persist_optimizer_state=federation.persist_optimizer_state,
+        upload_noise=federation.upload_noise,
+        download_noise=federation.download_noise,
         feature_dim=config.feature_dim,
         family_name=family_name,
     )
@@ -224,7 +238,9 @@ def run_experiment(parser: Any, config: Any, resume: bool = False) -> dict[str, 
     wandb_callback = WandbCallback(
         objects.wandb, run_path, yaml.safe_load(resolved_yaml), checkpoint.get("wandb_id") if checkpoint else None
     )
-    loop.callbacks = [RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}), ConsoleCallback(), wandb_callback]
+    loop.callbacks = [
+        RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}), ConsoleCallback(), wandb_callback, *callbacks
+    ]
     if checkpoint is not None:
         loop.load_checkpoint_state(checkpoint)
         run_dir.truncate_metrics(loop.next_round)
@@ -254,6 +270,7 @@ USAGE = """usage: fedhet <command> [options]
 commands:
   fit     run one experiment: fedhet fit --config configs/experiments/digits/fedproto.yaml
   list    list registered methods, models and model families
+  pretrain-generator  train FedKTL's small generator once: fedhet pretrain-generator [--steps N]
 
 'fedhet fit --help' shows every option; '--print_config' the resolved config."""
 
@@ -285,7 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "list":
             _list(rest)
             return 0
-        print(f"fedhet: error: unknown command '{command}'; use 'fit' or 'list'", file=sys.stderr)
+        if command == "pretrain-generator":
+            from fedhet.generators.pretrain import pretrain_command
+
+            print(pretrain_command(rest))
+            return 0
+        print(f"fedhet: error: unknown command '{command}'; use 'fit', 'list' or 'pretrain-generator'", file=sys.stderr)
         return 2
     except FedhetError as exc:
         print(f"fedhet: error: {exc}", file=sys.stderr)

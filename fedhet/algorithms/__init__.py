@@ -5,11 +5,27 @@ from __future__ import annotations
 import difflib
 
 from fedhet.algorithms.base import Algorithm, Capabilities, ClientModule, CollaborativePhase, ServerPhase, TrainableServerPhase
+from fedhet.algorithms.fccl import FCCL
+from fedhet.algorithms.fccl_plus import FCCLPlus
 from fedhet.algorithms.fd import FD
+from fedhet.algorithms.feddf import FedDF
+from fedhet.algorithms.fedmatch import FedMatch
+from fedhet.algorithms.fedmd import FedMD
+from fedhet.algorithms.rhfl import RHFL
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedprox import FedProx
 from fedhet.algorithms.fedproto import FedProto
+from fedhet.algorithms.fedproc import FedProc
+from fedhet.algorithms.fedrs import FedRS
+from fedhet.algorithms.moon import MOON
 from fedhet.algorithms.local import Local
+from fedhet.algorithms.fedgen import FedGen
+from fedhet.algorithms.fedkd import FedKD
+from fedhet.algorithms.fml import FML
+from fedhet.algorithms.lg_fedavg import LGFedAvg
+from fedhet.algorithms.fedgh import FedGH
+from fedhet.algorithms.fedtgp import FedTGP
+from fedhet.algorithms.fedktl import FedKTL
 from fedhet.errors import ConfigError
 
 #: Registry: config name -> Algorithm class. Names are the experiment config file names.
@@ -18,7 +34,23 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "fedavg": FedAvg,
     "fedprox": FedProx,
     "fedproto": FedProto,
+    "moon": MOON,
+    "fedproc": FedProc,
+    "fedrs": FedRS,
     "fd": FD,
+    "fedmd": FedMD,
+    "feddf": FedDF,
+    "rhfl": RHFL,
+    "fedmatch": FedMatch,
+    "fccl": FCCL,
+    "fccl_plus": FCCLPlus,
+    "fedgen": FedGen,
+    "fml": FML,
+    "fedkd": FedKD,
+    "lg_fedavg": LGFedAvg,
+    "fedgh": FedGH,
+    "fedtgp": FedTGP,
+    "fedktl": FedKTL,
 }
 
 
@@ -38,16 +70,32 @@ def get_algorithm(name: str) -> type[Algorithm]:
 
 
 __all__ = [
+    "FedGH",
+    "FedTGP",
+    "FedKTL",
+    "LGFedAvg",
     "ALGORITHMS",
+    "FCCL",
+    "FCCLPlus",
     "FD",
     "Algorithm",
     "Capabilities",
     "ClientModule",
     "CollaborativePhase",
     "FedAvg",
+    "FedDF",
+    "FedMD",
+    "FedMatch",
+    "RHFL",
     "FedProto",
+    "FedProc",
+    "FedRS",
+    "MOON",
     "FedProx",
     "Local",
+    "FedGen",
+    "FML",
+    "FedKD",
     "ServerPhase",
     "TrainableServerPhase",
     "get_algorithm",

@@ -129,6 +129,9 @@ class ClientModule(pl.LightningModule):
         self.weight_decay = weight_decay
         self.train_loss_sum = torch.zeros(())
         self.train_steps = 0
+        # Set by the round loop before each client step (schedules that decay over rounds read them).
+        self.round_idx = 0
+        self.total_rounds = 1
 
     # ------------------------------------------------------------------ Lightning hooks
     def forward(self, x: Tensor) -> Tensor:
@@ -218,6 +221,14 @@ class TrainableServerPhase(pl.LightningModule, ServerPhase):
     :meth:`server_dataloader`, then asks :meth:`download_for` for every client.
     """
 
+    def setup(self, context: ServerContext | str | None = None, stage: str | None = None) -> None:  # type: ignore[override]
+        """The loop's ``setup(context)`` goes to :meth:`setup_server`; Lightning's ``setup(stage)`` hook does nothing."""
+        if isinstance(context, ServerContext):
+            self.setup_server(context)
+
+    def setup_server(self, context: ServerContext) -> None:
+        """Build the server state from the run's context (once before round 0, and again on resume)."""
+
     def server_dataloader(self, scenario: Any, seed: int) -> Iterable[Any]:
         """The data the server trains on this round (public data, noise, synthetic samples)."""
         raise NotImplementedError(f"{type(self).__name__} must define server_dataloader()")
@@ -249,6 +260,9 @@ class CollaborativePhase(pl.LightningModule):
         self.clients = nn.ModuleList(clients)
         self.exchanged_bytes_up = 0
         self.exchanged_bytes_down = 0
+        # Set by the round loop after building the phase (schedules that decay over rounds read them).
+        self.round_idx = 0
+        self.total_rounds = 1
 
     def collaborative_losses(self, x: Tensor) -> list[Tensor]:
         """One loss per client for public batch ``x`` (unlabeled)."""

@@ -9,11 +9,13 @@ Layers, bottom to top:
 * :mod:`fedhet.data.augment`: batched tensor augmentations.
 * :mod:`fedhet.data.embedded`: the embedded Digits-offline domains and public photos.
 * :mod:`fedhet.data.datasets`: the dataset registry (embedded and local-root datasets).
+* :mod:`fedhet.data.paper_datasets`: FCCL+ and FedKTL paper datasets in their official layouts.
 * :mod:`fedhet.data.partitioners`: IID, Dirichlet, pathological, balanced Dirichlet.
 * :mod:`fedhet.data.scenario`: domain-shift and label-skew scenarios (Lightning data modules).
 * :mod:`fedhet.data.montage`: image montages for humans (``python -m fedhet.data.montage``).
 """
 
+from fedhet.data import paper_datasets  # noqa: F401  (registers the FCCL+ / FedKTL paper datasets)
 from fedhet.data.augment import BatchAugment, Compose, RandomCropPad, RandomHorizontalFlip
 from fedhet.data.datasets import (
     list_datasets,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch import LightningDataModule
 
@@ -199,7 +200,10 @@ class FederatedScenario(LightningDataModule):
                 f"dataset {self.public!r}: lower public_size"
             )
         rng = np.random.default_rng(derive_seed(self.seed, "public-subset"))
-        return pool.subset(np.sort(rng.choice(len(pool), self.public_size, replace=False)))
+        subset = pool.subset(np.sort(rng.choice(len(pool), self.public_size, replace=False)))
+        # Labelled sets (cifar100, tiny_imagenet) double as public data: their labels are
+        # dropped so no public-data method can use them by accident (FCCL+ never does).
+        return TensorData(x=subset.x, y=torch.full_like(subset.y, -1))
 
     @property
     def _state(self) -> _Built:

@@ -25,6 +25,8 @@ from fedhet.algorithms.base import Algorithm, ClientUpload, ServerContext, Train
 from fedhet.errors import ConfigError
 from fedhet.federation.executors import Executor, SequentialExecutor
 from fedhet.federation.ledger import CommunicationLedger
+from fedhet.federation.payloads import Payload
+from fedhet.federation.privacy import PayloadNoise
 from fedhet.federation.runtime import ClientRuntime, ClientTask
 from fedhet.federation.sampling import clients_per_round, sample_clients
 from fedhet.federation.state import ClientStateStore, MemoryStateStore
@@ -84,6 +86,8 @@ class FederationLoop:
         persist_optimizer_state: carry client optimizer state across rounds.
         feature_dim: common feature dimension added as a linear neck to every backbone (``None``: none).
         family_name: name of the model family, for messages.
+        upload_noise: Gaussian perturbation of every upload (privacy studies; ``None``: none).
+        download_noise: Gaussian perturbation of every download (``None``: none).
     """
 
     def __init__(
@@ -103,6 +107,8 @@ class FederationLoop:
         persist_optimizer_state: bool = True,
         feature_dim: int | None = None,
         family_name: str = "custom",
+        upload_noise: PayloadNoise | None = None,
+        download_noise: PayloadNoise | None = None,
     ) -> None:
         if rounds < 1:
             raise ConfigError(f"rounds={rounds}: run at least one round")
@@ -123,6 +129,8 @@ class FederationLoop:
         self.callbacks = list(callbacks)
         self.family_name = family_name
         self.persist_optimizer_state = persist_optimizer_state
+        self.upload_noise = upload_noise
+        self.download_noise = download_noise
 
         scenario.setup()
         if len(self.architectures) != scenario.num_clients:
@@ -132,7 +140,7 @@ class FederationLoop:
         clients_per_round(scenario.num_clients, participation)  # validates early
         check_compatibility(algorithm, scenario, self.architectures, family_name)
         self.runtime = ClientRuntime(
-            algorithm, scenario, self.architectures, trainer, seed, persist_optimizer_state, feature_dim
+            algorithm, scenario, self.architectures, trainer, seed, persist_optimizer_state, feature_dim, rounds
         )
         if algorithm.capabilities.common_feature_dim:
             dims = {a: int(self.runtime.module(a).model.num_features) for a in sorted(set(self.architectures))}
@@ -186,7 +194,7 @@ class FederationLoop:
         selected = sample_clients(self.scenario.num_clients, self.participation, self.seed, round_idx)
         tasks = []
         for cid in selected:
-            download = self.server.download_for(cid)
+            download = self._download(cid, round_idx)
             if download is not None:
                 self.ledger.record_down(download.nbytes())
             tasks.append(ClientTask(cid, round_idx, self.store.get(cid), download))
@@ -206,9 +214,12 @@ class FederationLoop:
         for result in results:
             self.store.put(result.client_id, round_idx, result.state)
             if result.upload is not None:
-                result.upload.validate(f"client {result.client_id}")
-                self.ledger.record_up(result.upload.nbytes())
-                uploads.append(ClientUpload(result.client_id, self.architectures[result.client_id], result.upload))
+                upload = result.upload
+                if self.upload_noise is not None:
+                    upload = self.upload_noise.perturb(upload, derive_seed(self.seed, "upload-noise", round_idx, result.client_id))
+                upload.validate(f"client {result.client_id}")
+                self.ledger.record_up(upload.nbytes())
+                uploads.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
 
         self.server.aggregate(round_idx, uploads)
         if isinstance(self.server, TrainableServerPhase):
@@ -236,10 +247,18 @@ class FederationLoop:
         record["time/round_s"] = round(time.perf_counter() - started, 3)
         return record
 
+    def _download(self, client_id: int, round_idx: int) -> Payload | None:
+        """What ``client_id`` receives at the start of ``round_idx`` (perturbed when download noise is on)."""
+        download = self.server.download_for(client_id)
+        if download is not None and self.download_noise is not None:
+            download = self.download_noise.perturb(download, derive_seed(self.seed, "download-noise", round_idx, client_id))
+        return download
+
     def evaluate(self, round_idx: int) -> dict[str, float]:
         """Every client's model (its state plus its current download) on the test and validation sets."""
+        # the download the server holds after round r is the one clients receive in round r + 1
         tasks = [
-            ClientTask(cid, round_idx, self.store.get(cid), self.server.download_for(cid))
+            ClientTask(cid, round_idx, self.store.get(cid), self._download(cid, round_idx + 1))
             for cid in range(self.scenario.num_clients)
         ]
         columns = len(self.column_names)

@@ -13,7 +13,7 @@ none does.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,19 +80,25 @@ class Payload:
             "lower the learning rate or enable gradient clipping (--trainer.gradient_clip_val)"
         )
 
-    def to(self, device: torch.device | str) -> Payload:
-        """Return a copy with every tensor moved to ``device``."""
+    def map_tensors(self, fn: Callable[[str, Tensor], Tensor]) -> Payload:
+        """Return a copy with every tensor replaced by ``fn(name, tensor)`` (names as :meth:`tensors`)."""
 
-        def move(value: Any) -> Any:
+        def apply(name: str, value: Any) -> Any:
             if isinstance(value, Tensor):
-                return value.to(device)
+                return fn(name, value)
             if isinstance(value, Mapping):
-                return {k: move(v) for k, v in value.items()}
+                return {k: apply(f"{name}.{k}", v) for k, v in value.items()}
             if isinstance(value, (list, tuple)):
-                return type(value)(move(v) for v in value)
+                return type(value)(apply(f"{name}[{i}]", v) for i, v in enumerate(value))
             return value
 
-        return dataclasses.replace(self, **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)})
+        return dataclasses.replace(
+            self, **{f.name: apply(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)}
+        )
+
+    def to(self, device: torch.device | str) -> Payload:
+        """Return a copy with every tensor moved to ``device``."""
+        return self.map_tensors(lambda _, tensor: tensor.to(device))
 
 
 def check_shape(sender: str, name: str, tensor: Tensor, expected: tuple[int, ...]) -> None:

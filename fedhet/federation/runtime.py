@@ -73,6 +73,8 @@ class ClientRuntime:
         persist_optimizer_state: carry each client's optimizer state across rounds.
         feature_dim: when set, every backbone emits features of this common dimension
             (HtFLlib's ``-fd``; see :func:`fedhet.models.create_model`).
+        rounds: the run's number of rounds, exposed to modules as ``total_rounds`` for schedules
+            that decay over rounds (FCCL+'s learning rate).
     """
 
     def __init__(
@@ -84,8 +86,10 @@ class ClientRuntime:
         seed: int,
         persist_optimizer_state: bool = True,
         feature_dim: int | None = None,
+        rounds: int = 1,
     ) -> None:
         self.algorithm = algorithm
+        self.rounds = rounds
         self.feature_dim = feature_dim
         self.scenario = scenario
         self.architectures = list(architectures)
@@ -126,6 +130,7 @@ class ClientRuntime:
     def _load(self, module: ClientModule, task: ClientTask) -> ClientState:
         state = task.state if task.state is not None else self.initial_state(task.client_id)
         module.load_client_state(state["module"])
+        module.round_idx, module.total_rounds = task.round_idx, self.rounds
         if task.receive:
             module.on_receive(task.download)
         return state
@@ -175,6 +180,7 @@ class ClientRuntime:
         phase = self.algorithm.build_collaborative_phase(modules)
         if phase is None:
             raise TrainingError(f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase")
+        phase.round_idx, phase.total_rounds = round_idx, self.rounds
         seed = derive_seed(self.seed, "collaborate", round_idx)
         trainer = self.trainer.build(max_epochs=self.algorithm.collaborative_epochs(), max_steps=-1, limit_train_batches=None)
         with seeded(seed, self.device):

@@ -79,6 +79,8 @@ def silence_lightning() -> None:
     # client modules keep a validation_step for standalone use; the round loop evaluates itself
     warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+    # frozen sub-modules (teachers, FedKTL's pretrained generator) stay in eval mode on purpose
+    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
 
 
 class ResidentDeviceStrategy(SingleDeviceStrategy):

@@ -1,7 +1,106 @@
 """Pure tensor math shared by methods: no state, no I/O, each function tested against hand values."""
 
 from fedhet.functional.aggregation import aggregate_class_means, weighted_average
+from fedhet.functional.contrastive import (
+    fedproc_alpha,
+    model_contrastive_loss,
+    prototypical_contrastive_loss,
+    restricted_logits,
+    restricted_softmax_scale,
+)
+from fedhet.functional.distillation import (
+    client_confidence_weights,
+    confident_pseudo_labels,
+    digest_loss,
+    ensemble_distillation_loss,
+    kl_to_target,
+    logit_consensus,
+    masked_pseudo_label_loss,
+    symmetric_cross_entropy,
+    weighted_peer_kl,
+)
+from fedhet.functional.etf import arcface_logits, etf_cosines, rbf_mmd2, simplex_etf, unit_class_prototypes
+from fedhet.functional.fccl import (
+    batch_standardize,
+    cross_correlation,
+    dual_domain_distillation,
+    fccm_loss,
+    fisl_loss,
+    fntd_loss,
+    instance_similarity,
+    kd_loss,
+    linear_round_decay,
+)
+from fedhet.functional.prototype_learning import (
+    adaptive_margin,
+    margin_contrastive_loss,
+    pairwise_distances,
+    prototype_alignment_loss,
+    prototype_examples,
+)
+from fedhet.functional.mutual_learning import (
+    adaptive_distillation_weight,
+    adaptive_mutual_distillation,
+    compress_state,
+    decompress_state,
+    distillation_kl,
+    diversity_loss,
+    energy_rank,
+    energy_schedule,
+    mutual_learning_losses,
+    svd_compress,
+    svd_decompress,
+)
 from fedhet.functional.prototypes import class_means
 from fedhet.functional.regularizers import proximal_term
 
-__all__ = ["aggregate_class_means", "class_means", "proximal_term", "weighted_average"]
+__all__ = [
+    "client_confidence_weights",
+    "confident_pseudo_labels",
+    "digest_loss",
+    "ensemble_distillation_loss",
+    "kl_to_target",
+    "logit_consensus",
+    "masked_pseudo_label_loss",
+    "symmetric_cross_entropy",
+    "weighted_peer_kl",
+    "adaptive_distillation_weight",
+    "adaptive_mutual_distillation",
+    "compress_state",
+    "decompress_state",
+    "distillation_kl",
+    "diversity_loss",
+    "energy_rank",
+    "energy_schedule",
+    "mutual_learning_losses",
+    "svd_compress",
+    "svd_decompress",
+    "fedproc_alpha",
+    "model_contrastive_loss",
+    "prototypical_contrastive_loss",
+    "restricted_logits",
+    "restricted_softmax_scale",
+    "adaptive_margin",
+    "margin_contrastive_loss",
+    "pairwise_distances",
+    "prototype_alignment_loss",
+    "prototype_examples",
+    "aggregate_class_means",
+    "arcface_logits",
+    "batch_standardize",
+    "class_means",
+    "cross_correlation",
+    "dual_domain_distillation",
+    "etf_cosines",
+    "fccm_loss",
+    "fisl_loss",
+    "fntd_loss",
+    "instance_similarity",
+    "kd_loss",
+    "linear_round_decay",
+    "proximal_term",
+    "rbf_mmd2",
+    "simplex_etf",
+    "unit_class_prototypes",
+    "weighted_average",
+]

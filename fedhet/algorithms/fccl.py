@@ -1,0 +1,231 @@
+"""FCCL: federated cross-correlation learning with dual-domain knowledge distillation.
+
+Paper: Huang, Ye, Du, "Learn from Others and Be Yourself in Heterogeneous Federated Learning",
+CVPR 2022; as re-implemented in the FCCL+ code (``WenkeHuang/FCCL``, ``fccl+/models/fccl.py``)
+and described in FCCL+ (TPAMI 2023) Eq. 1-2 and Eq. 19. Spec: ``reference/fccl-plus.md``
+sections 2.2, 2.6, 3.3 and 5.
+
+Upload: none after local training. During the collaborative phase, per public batch, each
+participant sends its logits ``Z_i`` ``[B, C]`` (validated) and receives the mean ``Zbar`` over
+all participants (float32 bytes in the ledger).
+Download: per public batch, ``Zbar``.
+Server phase: none persistent.
+Collaborative phase: FCCL+'s (:class:`~fedhet.algorithms.fccl_plus.CrossCorrelationCollaboration`)
+with FCCM only: one step per public batch on ``FCCM(Z_i, Zbar)``, Adam 1e-3 created anew per
+step (code), linear per-round lr decay (code).
+Local objective: ``CE + KL(p_prev || p) + KL(p_pre || p)`` at temperature 1 with unit weights
+(FCCL+ Eq. 19), ``prev`` the client's model at the end of the previous round's local update
+and ``pre`` a frozen model pre-trained on the client's private data.
+Client state kept across rounds: the model, the previous-round snapshot, the pre-trained model
+and a flag saying pretraining is done (so a resumed run never pretrains twice).
+Pretraining (code: before round 1, 50 epochs, Adam 1e-3, cosine to 1e-6): at the start of the
+client's first local fit, on its private training loader; the live model and both teachers
+then start from the pre-trained weights.
+
+Deviations from paper/official code:
+- pretraining runs at the start of a client's first local update, not before the federation:
+  the round loop gives a client its private data only in local fits. A client joins the
+  collaborative phase once it has pretrained, so with full participation round 0 has no
+  collaborative step and collaboration starts in round 1 (the code collaborates in round 0
+  with the pre-trained models).
+- the FCCM target is the plain mean of all participants' current logits, as in ``fccl+/``; the
+  conference code's "progressive" target (own previous-round logits in place of own current
+  logits) is not offered.
+- no weight decay in pretraining (the spec lists Adam 1e-3 and the cosine schedule only).
+- the teachers run in eval mode by default (the code: train mode, ``teacher_train_mode=True``);
+  one forward per client in collaboration; ``1e-5`` added to FCCM's std (``std_eps=0``: code).
+- FCCL's homogeneous variant (FedAvg after local updating) is not implemented.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, CollaborativePhase, OptimizerName
+from fedhet.algorithms.fccl_plus import (
+    CollaborativeOptimizer,
+    CrossCorrelationCollaboration,
+    PreviousModelClient,
+)
+from fedhet.federation.state import copy_state_into
+from fedhet.functional import dual_domain_distillation
+
+
+class FCCLClient(PreviousModelClient):
+    """Local updating of FCCL: cross-entropy plus distillation from two frozen teachers.
+
+    Args:
+        model: the backbone.
+        num_classes: number of classes.
+        pretrain_epochs: epochs of local pretraining before the first local update.
+        pretrain_lr: initial Adam learning rate of pretraining (cosine-annealed per epoch).
+        pretrain_min_lr: final learning rate of the cosine schedule.
+        teacher_train_mode: run the teachers in train mode as the authors' code does.
+        lr_decay: linear per-round decay of the local learning rate (code).
+        optimizer: local optimizer.
+        lr: local learning rate before decay.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        pretrain_epochs: int = 50,
+        pretrain_lr: float = 1e-3,
+        pretrain_min_lr: float = 1e-6,
+        teacher_train_mode: bool = False,
+        lr_decay: bool = True,
+        optimizer: OptimizerName = "adam",
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        weight_decay: float = 1e-5,
+    ) -> None:
+        super().__init__(
+            model, num_classes, "previous_round", teacher_train_mode, lr_decay, optimizer, lr, momentum, weight_decay
+        )
+        self.pretrain_epochs = pretrain_epochs
+        self.pretrain_lr = pretrain_lr
+        self.pretrain_min_lr = pretrain_min_lr
+        self.pretrained_model = copy.deepcopy(model).requires_grad_(False)
+        # Part of the client state, so that pretraining happens once even across a resume.
+        self.register_buffer("pretrained", torch.zeros((), dtype=torch.bool))
+
+    def ready_to_collaborate(self) -> bool:
+        return bool(self.pretrained)
+
+    def pretrain(self, batches: Iterable[Batch]) -> None:
+        """Train the live model on private data with CE, then freeze a copy as the intra-domain teacher.
+
+        The previous-round teacher starts from the same weights (code: ``prev_nets`` are deep
+        copies of the pre-trained nets).
+        """
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=self.pretrain_lr)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
+            optimizer, T_max=max(self.pretrain_epochs, 1), eta_min=self.pretrain_min_lr
+        )
+        self.model.train()
+        with torch.enable_grad():
+            for _ in range(self.pretrain_epochs):
+                for x, y in batches:
+                    x, y = x.to(self.device), y.to(self.device)
+                    loss = F.cross_entropy(self.model(x), y)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                schedule.step()
+        self.model.zero_grad(set_to_none=True)
+        copy_state_into(self.pretrained_model, self.model.state_dict())
+        self.snapshot_teacher()
+        self.pretrained.fill_(True)
+
+    def on_train_start(self) -> None:
+        if not bool(self.pretrained):
+            self.pretrain(self.trainer.train_dataloader)
+        super().on_train_start()
+
+    def local_loss(self, batch: Batch) -> Tensor:
+        x, y = batch
+        logits = self.model(x)
+        with torch.no_grad():
+            self.pretrained_model.train(self.teacher_train_mode)
+            pretrained_logits = self.pretrained_model(x)
+        return F.cross_entropy(logits, y) + dual_domain_distillation(logits, self.teacher_logits(x), pretrained_logits)
+
+
+class FCCL(Algorithm):
+    """FCCL (CVPR 2022; heterogeneous models, unlabeled public data; designed for domain shift).
+
+    Args:
+        off_diag_weight: lambda, weight of FCCM's off-diagonal term (0.0051).
+        off_diag_target: FCCM off-diagonal target, -1 (code) or 0 (Barlow Twins).
+        fisl_weight: omega of FCCL+'s FISL added to the collaboration (0: FCCL; 3 gives the
+            "FCCM + FISL" row of FCCL+'s ablation Tab. X, which keeps FCCL's local objective).
+        similarity_temperature: mu of FISL (used only when ``fisl_weight > 0``).
+        pretrain_epochs: local pretraining epochs before a client's first round (50 in the code).
+        pretrain_lr: initial Adam learning rate of pretraining (1e-3).
+        pretrain_min_lr: final learning rate of pretraining's cosine schedule (1e-6).
+        teacher_train_mode: run the local teachers in train mode (authors' code) instead of eval.
+        public_lr: learning rate of the collaborative Adam (1e-3).
+        public_epochs: passes over the public set per round.
+        collaborative_optimizer: ``"fresh_each_step"`` (code) or ``"per_round"``.
+        lr_decay: both learning rates decay as ``lr0 * (1 - 0.9 * max(e-1, 0) / E)`` (code).
+        std_eps: added to the per-dimension std of FCCM (0: exactly the code).
+        optimizer: local optimizer (Adam in the code).
+        lr: local learning rate (1e-3).
+        momentum: SGD momentum.
+        weight_decay: local L2 weight decay (1e-5 in the code).
+    """
+
+    capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
+    upload_type = None
+    download_type = None
+
+    def __init__(
+        self,
+        off_diag_weight: float = 0.0051,
+        off_diag_target: float = -1.0,
+        fisl_weight: float = 0.0,
+        similarity_temperature: float = 0.02,
+        pretrain_epochs: int = 50,
+        pretrain_lr: float = 1e-3,
+        pretrain_min_lr: float = 1e-6,
+        teacher_train_mode: bool = False,
+        public_lr: float = 1e-3,
+        public_epochs: int = 1,
+        collaborative_optimizer: CollaborativeOptimizer = "fresh_each_step",
+        lr_decay: bool = True,
+        std_eps: float = 1e-5,
+        optimizer: OptimizerName = "adam",
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        weight_decay: float = 1e-5,
+    ) -> None:
+        super().__init__(optimizer, lr, momentum, weight_decay)
+        self.off_diag_weight = off_diag_weight
+        self.off_diag_target = off_diag_target
+        self.fisl_weight = fisl_weight
+        self.similarity_temperature = similarity_temperature
+        self.pretrain_epochs = pretrain_epochs
+        self.pretrain_lr = pretrain_lr
+        self.pretrain_min_lr = pretrain_min_lr
+        self.teacher_train_mode = teacher_train_mode
+        self.public_lr = public_lr
+        self.public_epochs = public_epochs
+        self.collaborative_optimizer: CollaborativeOptimizer = collaborative_optimizer
+        self.lr_decay = lr_decay
+        self.std_eps = std_eps
+
+    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
+        return FCCLClient(
+            model,
+            num_classes,
+            pretrain_epochs=self.pretrain_epochs,
+            pretrain_lr=self.pretrain_lr,
+            pretrain_min_lr=self.pretrain_min_lr,
+            teacher_train_mode=self.teacher_train_mode,
+            lr_decay=self.lr_decay,
+            **self.optimizer_kwargs(),
+        )
+
+    def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> CollaborativePhase:
+        return CrossCorrelationCollaboration(
+            clients,  # type: ignore[arg-type]
+            off_diag_weight=self.off_diag_weight,
+            off_diag_target=self.off_diag_target,
+            fisl_weight=self.fisl_weight,
+            similarity_temperature=self.similarity_temperature,
+            public_lr=self.public_lr,
+            collaborative_optimizer=self.collaborative_optimizer,
+            lr_decay=self.lr_decay,
+            std_eps=self.std_eps,
+        )
+
+    def collaborative_epochs(self) -> int:
+        return self.public_epochs

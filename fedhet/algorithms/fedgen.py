@@ -1,0 +1,375 @@
+"""FedGen: a server-side conditional generator of features regularises the clients' shared heads.
+
+Paper: Zhu, Hong, Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated
+Learning", ICML 2021 (Eq. 4-7, Algorithm 1); official code ``zhuangdizhu/FedGen``.
+Heterogeneous form and defaults from HtFLlib ``servergen.py`` / ``clientgen.py`` and FedKTL's
+baseline table (App. C: noise dim 32, generator lr 0.1, hidden dim = feature dim, 100 server
+epochs, i.e. generator steps).
+
+Upload: the client's head ``Linear(K', C)`` weights and its per-class training counts
+(``HeadCountsPayload``; Table 5 counts the head only, ``K'C + C`` floats; the ``C`` int64 counts
+are HtFLlib's one-time ``sample_per_class``, sent every round here).
+Download: the averaged head, the generator's parameters, and the global label counts
+(``FedGenDownload``; Table 5: head + generator parameters).
+Server phase: trainable (:class:`FedGenServer`, a LightningModule). The heads are FedAvg-ed by
+examples (HtFLlib); then the generator ``G(z, y)`` (``Linear(noise+C, H) + BN + ReLU + Linear(H,
+K')``, ``z ~ U[0,1)`` as both codes) is fitted with Adam for ``generator_steps`` batches on
+``CE(sum_k a_k(y) head_k(G(z, y)), y) + diversity_weight * L_div(z, G(z, y))``, labels drawn
+from the round's label counts.
+Client state kept across rounds: the model (its head replaced by each download) and optimizer
+state; the generator is the server's and is not kept.
+Local objective: ``CE(f(x), y) + generated_weight * CE(head(G(z, y^)), y^)``, ``y^`` drawn from
+the global label counts, the generator in training mode (batch statistics) as HtFLlib.
+Deviations from paper/official code: the ensemble weights ``a_k(y)`` are the paper's per-class
+shares ``n_k^y / sum_j n_j^y`` (``ensemble_weighting="label"``); HtFLlib uses sample shares
+``n_k / n`` (``"samples"``). The diversity loss (paper Eq. 7, official ``DiversityLoss('l1')``,
+weight 1) is on; HtFLlib has none (``diversity_weight=0``). As in HtFLlib, clients add only the
+generated-feature CE with a constant weight 1 (the official code also adds a KL term and decays
+both weights), and heads are shared (HtFLlib; the official code averages whole models).
+Clients train without the regulariser until the generator has been trained once (HtFLlib
+already uses its untrained generator in round 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fedhet.algorithms.base import (
+    Algorithm,
+    Batch,
+    Capabilities,
+    ClientModule,
+    ClientUpload,
+    OptimizerName,
+    ServerContext,
+    ServerPhase,
+    TrainableServerPhase,
+)
+from fedhet.algorithms.fml import state_with_prefix
+from fedhet.errors import TrainingError
+from fedhet.federation.payloads import Payload, WeightsPayload, check_shape
+from fedhet.federation.state import copy_state_into
+from fedhet.federation.trainer import clone_state
+from fedhet.functional import diversity_loss, weighted_average
+from fedhet.seeding import derive_seed, seeded
+
+EnsembleWeighting = Literal["label", "samples"]
+HEAD_PREFIX = "model.head."
+GENERATOR_PREFIX = "generator."
+
+
+class FeatureGenerator(nn.Module):
+    """FedGen's conditional generator of features, as HtFLlib's ``Generative``.
+
+    ``[z, onehot(y)] -> Linear(noise_dim + C, H) -> BatchNorm1d -> ReLU -> Linear(H, feature_dim)``.
+
+    Args:
+        noise_dim: size of the uniform noise ``z``.
+        num_classes: number of classes (size of the one-hot label input).
+        hidden_dim: hidden width ``H``.
+        feature_dim: size of the generated features (the heads' input size).
+    """
+
+    def __init__(self, noise_dim: int, num_classes: int, hidden_dim: int, feature_dim: int) -> None:
+        super().__init__()
+        self.noise_dim = noise_dim
+        self.num_classes = num_classes
+        self.fc1 = nn.Sequential(nn.Linear(noise_dim + num_classes, hidden_dim), nn.BatchNorm1d(hidden_dim), nn.ReLU())
+        self.fc = nn.Linear(hidden_dim, feature_dim)
+
+    def forward(self, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """Features for ``labels`` and the noise they were drawn with (for the diversity loss)."""
+        noise = torch.rand(labels.shape[0], self.noise_dim, device=labels.device)
+        inputs = torch.cat([noise, F.one_hot(labels, self.num_classes).to(noise.dtype)], dim=1)
+        return self.fc(self.fc1(inputs)), noise
+
+
+@dataclass(frozen=True)
+class HeadCountsPayload(WeightsPayload):
+    """A client's head weights plus its per-class training counts ``[C]`` (int64)."""
+
+    label_counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def validate_head(self, reference: Mapping[str, Tensor], num_classes: int, sender: str = "client") -> None:
+        """Validate the head against ``reference`` and the counts' shape and sign."""
+        self.validate_against(reference, sender)
+        check_shape(sender, "label_counts", self.label_counts, (num_classes,))
+        if self.label_counts.is_floating_point() or bool((self.label_counts < 0).any()):
+            raise TrainingError(f"{sender} sent invalid label counts (must be non-negative integers)")
+
+
+@dataclass(frozen=True)
+class FedGenDownload(Payload):
+    """The global head, the generator's parameters and the global per-class counts."""
+
+    head: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    generator: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    label_counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+
+class FedGenClient(ClientModule):
+    """Cross-entropy plus the CE of generator-sampled features through the client's own head.
+
+    Args:
+        model: the backbone (its ``head`` is shared).
+        num_classes: number of classes.
+        generator: a generator of the server's architecture, refreshed by each download.
+        generated_weight: weight of the generated-feature cross-entropy (HtFLlib: 1).
+        optimizer: local optimizer.
+        lr: local learning rate.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        generator: FeatureGenerator,
+        generated_weight: float = 1.0,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+        self.generator = generator.requires_grad_(False)
+        self.generated_weight = generated_weight
+        self.label_distribution: Tensor | None = None
+
+    def local_loss(self, batch: Batch) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.model(x), y)
+        if self.label_distribution is not None and self.generated_weight != 0.0:
+            size = max(2, x.shape[0])  # BatchNorm in training mode needs two samples
+            labels = torch.multinomial(self.label_distribution.to(x.device), size, replacement=True)
+            self.generator.train()
+            with torch.no_grad():
+                features, _ = self.generator(labels)
+            loss = loss + self.generated_weight * F.cross_entropy(self.model.forward_head(features), labels)
+        return loss
+
+    def on_receive(self, download: Payload | None) -> None:
+        self.label_distribution = None
+        if isinstance(download, FedGenDownload):
+            copy_state_into(self.model.head, download.head)
+            with torch.no_grad():
+                for name, parameter in self.generator.named_parameters():
+                    parameter.copy_(download.generator[name])
+            self.label_distribution = download.label_counts.double()
+
+    def make_upload(self, train_batches: Iterable[Batch]) -> HeadCountsPayload:
+        counts = torch.zeros(self.num_classes, dtype=torch.long)
+        for _, y in train_batches:
+            counts += torch.bincount(y.cpu(), minlength=self.num_classes)
+        return HeadCountsPayload(weights=clone_state(self.model.head.state_dict()), label_counts=counts)
+
+    def client_state(self) -> dict[str, Tensor]:
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(GENERATOR_PREFIX)}
+
+    def load_client_state(self, state: Mapping[str, Tensor]) -> None:
+        generator = {k: v for k, v in self.state_dict().items() if k.startswith(GENERATOR_PREFIX)}
+        copy_state_into(self, {**dict(state), **generator})
+
+
+class FedGenServer(TrainableServerPhase):
+    """Averages heads, then fits the feature generator against the ensemble of uploaded heads.
+
+    Args:
+        noise_dim: generator noise size.
+        hidden_dim: generator hidden width (``None``: the feature dimension).
+        lr: Adam learning rate of the generator.
+        steps: generator steps per round (HtFLlib's ``server_epochs``).
+        batch_size: labels per generator step (HtFLlib: the client batch size).
+        diversity_weight: weight of the diversity loss.
+        ensemble_weighting: ``"label"`` (paper, per-class shares) or ``"samples"`` (HtFLlib).
+    """
+
+    def __init__(
+        self,
+        noise_dim: int = 32,
+        hidden_dim: int | None = None,
+        lr: float = 0.1,
+        steps: int = 100,
+        batch_size: int = 10,
+        diversity_weight: float = 1.0,
+        ensemble_weighting: EnsembleWeighting = "label",
+    ) -> None:
+        super().__init__()
+        self.noise_dim = noise_dim
+        self.hidden_dim = hidden_dim
+        self.lr = lr
+        self.steps = steps
+        self.batch_size = batch_size
+        self.diversity_weight = diversity_weight
+        self.ensemble_weighting: EnsembleWeighting = ensemble_weighting
+        self.num_classes = 0
+        self.round_heads: list[dict[str, Tensor]] = []
+        self.round_ensemble_weights: Tensor | None = None  # [K, C]
+        self.round_counts: Tensor | None = None  # [C]
+        self.steps_done = 0
+        self.first_loss = float("nan")
+        self.last_loss = float("nan")
+
+    # ------------------------------------------------------------------ set-up and aggregation
+    def setup_server(self, context: ServerContext) -> None:
+        head = state_with_prefix(context.initial_client_state(0), HEAD_PREFIX)
+        self.num_classes = context.num_classes
+        feature_dim = int(head["weight"].shape[1])
+        self.global_head = nn.Linear(feature_dim, self.num_classes).requires_grad_(False)
+        copy_state_into(self.global_head, head)
+        with seeded(derive_seed(context.seed, "fedgen", "generator")):
+            self.generator = FeatureGenerator(self.noise_dim, self.num_classes, self.hidden_dim or feature_dim, feature_dim)
+        self.register_buffer("client_label_counts", torch.zeros(context.num_clients, self.num_classes, dtype=torch.long))
+        self.register_buffer("rounds_trained", torch.zeros((), dtype=torch.long))
+
+    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        if not uploads:
+            return
+        reference = self.global_head.state_dict()
+        for upload in uploads:
+            assert isinstance(upload.payload, HeadCountsPayload)
+            upload.payload.validate_head(reference, self.num_classes, f"client {upload.client_id}")
+            self.client_label_counts[upload.client_id] = upload.payload.label_counts.to(self.client_label_counts.device)
+        heads = [clone_state(u.payload.weights) for u in uploads]  # type: ignore[attr-defined]
+        examples = torch.tensor([float(u.payload.num_examples) for u in uploads], dtype=torch.float64)
+        copy_state_into(self.global_head, weighted_average(heads, examples.tolist()))
+        counts = torch.stack([u.payload.label_counts for u in uploads]).to(torch.float64)  # type: ignore[attr-defined]
+        if self.ensemble_weighting == "label":
+            weights = counts / counts.sum(0, keepdim=True).clamp_min(1.0)
+        else:
+            weights = (examples / examples.sum()).unsqueeze(1).expand_as(counts)
+        self.round_heads = heads
+        self.round_ensemble_weights = weights.float()
+        self.round_counts = counts.sum(0)
+        self.steps_done = 0
+
+    # ------------------------------------------------------------------ generator training
+    def server_dataloader(self, scenario: Any, seed: int) -> DataLoader:
+        if self.round_counts is None:
+            raise TrainingError("FedGen's server was fitted before any upload arrived")
+        labels = torch.multinomial(self.round_counts, self.steps * self.batch_size, replacement=True)
+        return DataLoader(TensorDataset(labels), batch_size=self.batch_size, shuffle=False)
+
+    def ensemble_logits(self, features: Tensor, labels: Tensor) -> Tensor:
+        """``sum_k a_k(y) head_k(features)`` over this round's uploaded heads."""
+        assert self.round_ensemble_weights is not None
+        weights = self.round_ensemble_weights.to(features.device)[:, labels]  # [K, B]
+        logits = torch.zeros(features.shape[0], self.num_classes, device=features.device)
+        for k, head in enumerate(self.round_heads):
+            head_logits = torch.func.functional_call(
+                self.global_head, {n: t.to(features.device) for n, t in head.items()}, (features,)
+            )
+            logits = logits + weights[k].unsqueeze(1) * head_logits
+        return logits
+
+    def generator_loss(self, labels: Tensor) -> Tensor:
+        """Ensemble cross-entropy of generated features plus the weighted diversity loss."""
+        features, noise = self.generator(labels)
+        loss = F.cross_entropy(self.ensemble_logits(features, labels), labels)
+        if self.diversity_weight != 0.0:
+            loss = loss + self.diversity_weight * diversity_loss(noise, features)
+        return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        # the server Trainer may run several epochs; the generator takes ``steps`` steps per round
+        return -1 if self.steps_done >= self.steps else None
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = self.generator_loss(batch[0])
+        if self.steps_done == 0:
+            self.first_loss = float(loss.detach())
+        self.last_loss = float(loss.detach())
+        self.steps_done += 1
+        return loss
+
+    def on_fit_end(self) -> None:
+        self.rounds_trained += 1
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    # ------------------------------------------------------------------ download
+    def download_for(self, client_id: int) -> FedGenDownload | None:
+        if int(self.rounds_trained) == 0:
+            return None
+        return FedGenDownload(
+            head={k: v.detach().cpu() for k, v in self.global_head.state_dict().items()},
+            generator={k: v.detach().cpu() for k, v in self.generator.named_parameters()},
+            label_counts=self.client_label_counts.sum(0).cpu(),
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {"generator_loss_first": self.first_loss, "generator_loss": self.last_loss}
+
+
+class FedGen(Algorithm):
+    """FedGen, heterogeneous form (HtFLlib): shared heads over one feature dimension.
+
+    Args:
+        noise_dim: generator noise size (FedKTL App. C: 32).
+        generator_hidden_dim: generator hidden width (``None``: the feature dimension, FedKTL App. C).
+        generator_lr: Adam learning rate of the generator (FedKTL App. C: 0.1).
+        generator_steps: generator steps per round (FedKTL App. C "server epochs": 100).
+        generator_batch_size: labels per generator step (HtFLlib: the client batch size, 10).
+        diversity_weight: weight of the diversity loss (paper / official code: 1; HtFLlib: 0).
+        ensemble_weighting: ``"label"`` (paper, per-class shares) or ``"samples"`` (HtFLlib).
+        generated_weight: weight of the clients' generated-feature cross-entropy (HtFLlib: 1).
+        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
+        lr: local learning rate.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay.
+    """
+
+    capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
+    upload_type = HeadCountsPayload
+    download_type = FedGenDownload
+
+    def __init__(
+        self,
+        noise_dim: int = 32,
+        generator_hidden_dim: int | None = None,
+        generator_lr: float = 0.1,
+        generator_steps: int = 100,
+        generator_batch_size: int = 10,
+        diversity_weight: float = 1.0,
+        ensemble_weighting: EnsembleWeighting = "label",
+        generated_weight: float = 1.0,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(optimizer, lr, momentum, weight_decay)
+        self.noise_dim = noise_dim
+        self.generator_hidden_dim = generator_hidden_dim
+        self.generator_lr = generator_lr
+        self.generator_steps = generator_steps
+        self.generator_batch_size = generator_batch_size
+        self.diversity_weight = diversity_weight
+        self.ensemble_weighting: EnsembleWeighting = ensemble_weighting
+        self.generated_weight = generated_weight
+
+    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
+        feature_dim = int(model.num_features)  # type: ignore[arg-type]
+        generator = FeatureGenerator(self.noise_dim, num_classes, self.generator_hidden_dim or feature_dim, feature_dim)
+        return FedGenClient(model, num_classes, generator, self.generated_weight, **self.optimizer_kwargs())
+
+    def build_server(self) -> ServerPhase:
+        return FedGenServer(
+            noise_dim=self.noise_dim,
+            hidden_dim=self.generator_hidden_dim,
+            lr=self.generator_lr,
+            steps=self.generator_steps,
+            batch_size=self.generator_batch_size,
+            diversity_weight=self.diversity_weight,
+            ensemble_weighting=self.ensemble_weighting,
+        )

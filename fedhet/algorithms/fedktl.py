@@ -1,0 +1,709 @@
+"""FedKTL: prototypes up, generated (image, latent) pairs down, through a frozen pretrained generator.
+
+Paper: Zhang, Liu, Hua, Cao, "An Upload-Efficient Scheme for Transferring Knowledge From a
+Server-Side Pre-trained Generator to Clients in Heterogeneous Federated Learning", CVPR 2024
+(Eq. 1-4, Fig. 3, App. C); official code ``TsingZ0/FedKTL``; spec ``reference/fedktl.md``.
+
+Upload: the client's class prototypes in the K-dimensional ETF space for the classes it holds
+(``ClassStatsPayload``: ``|C_i| * K`` floats plus one int64 count per class held).
+Download: one generated image per class at the client's resolution, channels and normalisation,
+and its latent ``Q-bar^c`` (``GeneratedPairsPayload``: ``C * (ch*h*w + H)`` floats).
+Server phase: trainable (:class:`FedKTLServer`). The feature transformer
+``F = Linear(K,K)-BN-ReLU-Linear(K,H)`` maps prototypes into the generator's latent space W and
+is trained for ``server_epochs`` passes of Adam per round on
+``MMD^2(F(P_b), G_m(z)) + centroid_weight * MSE(F(P_b), Cent[y_b])``. The centroid table is reset
+to the exact class means of ``F(P)`` before and after training. The final centroids go through
+the synthesis network, one image per class.
+Client state kept across rounds: backbone ``f_i`` and projection ``h_i`` (the model's ``head``
+position, ``Linear(K', K)``) with their optimizer state. The fixed ETF ``V`` is rebuilt from the
+shared seed (never trained, not stored). The regression layer ``h'_i = Linear(K', H)`` is
+re-initialised from one shared seed at the start of every local fit and never persisted, so it
+is identical for all clients and rounds.
+Local objective: ``ArcFace(s * cos(theta_y + m))`` against the ETF, plus, once the server has sent
+pairs (round 1 on), ``mu * MSE(h'_i(f_i(I_b)), Q_b)`` on a stream of shuffled passes over the
+pairs (``B`` pairs per step, ``f_i`` in train mode). Prediction is ``argmax`` of the cosines to
+the ETF, without margin.
+
+Deviations from paper/official code, and choices between them:
+
+* Prototypes (``prototype_mode``): ``"unit"`` (default, code) normalises every embedding, averages,
+  and re-normalises; ``"mean"`` is the paper's plain mean. The ETF geometry is scale-free, so unit
+  prototypes keep architectures with different feature scales comparable.
+* Centroids (``centroid_mode``): ``"learned_table"`` (default, code) is an ``nn.Embedding(C, H)``
+  co-trained with Adam and reset to exact means before and after training. ``"exact_mean"`` (paper
+  Eq. 2) uses the class means of ``F`` over all this round's prototypes as targets at every step.
+  In that mode each step forwards all ``M`` prototypes once, so ``F``'s BatchNorm sees all of them
+  (the two modes are identical when ``M <= server_batch_size``, the CPU case).
+* ``cos(theta + m)`` is computed as ``cos cos m - sin sin m``, the same value as the code's
+  ``cos(acos(c) + m)`` without its infinite gradient at ``c = +-1``. No easy-margin fallback (code).
+* Classes nobody has uploaded yet get no pair (the code sends the random-initialised centroid).
+  A class seen in an earlier round keeps its last centroid. Pairs carry no labels (clients only
+  regress latents), so the download is ``n_seen * (ch*h*w + H)`` floats, ``C * (...)`` once every
+  class has been seen.
+* Server batches of size 1 are dropped (BatchNorm; HtFLlib's fix, spec section 8 #19).
+  ``server_epochs`` is an internal pass count. The loop fits the server with the client Trainer
+  template, so the server stops itself after one Lightning epoch whatever ``max_epochs`` is.
+* The ETF and ``h'_i``'s initialisation come from ``shared_seed`` (the paper's "identical
+  initialisation without extra communication"). They stand for the one-time ``K*C`` and
+  ``K'*H + H`` floats, which the ledger does not count.
+* ``h'_i`` shares the client's optimizer as its own parameter group. Its optimizer state is
+  cleared at every fit start, which is equivalent to the code's separate SGD optimizer with the
+  same learning rate re-created each round.
+* Gradients of the model and of ``h'_i`` (server: ``F`` and the table) are clipped to
+  ``grad_clip_norm`` = 100 separately, as in the code.
+* ``use_etf=False`` (Table 7 "-ETF"): the model keeps its original trainable classifier with
+  cross-entropy, prototypes are the features ``f_i(x)`` (``K'`` = ``feature_dim``) and ``F`` maps
+  ``K' -> H`` (spec section 8 #15). ``use_latent_task=False`` or ``mu=0`` is "-L^M", and
+  ``centroid_weight=0`` is "-L^MSE".
+* Generator: the class default is ``"untrained"``, so ``FedKTL()`` runs anywhere (registry,
+  contract tests). The experiment configs select ``"embedded-stylegan"``, the locally
+  pretrained substitute for StyleGAN-XL (``docs/generators.md``). The MMD bandwidths default to
+  the code's ``{10, 15, 20, 50}``, which were tuned for StyleGAN W vectors.
+* Heterogeneous backbones emit one feature dimension ``K'`` through ``feature_dim`` (the code
+  pools every backbone to 512), so ``h'_i`` is literally identical on every client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedhet.algorithms.base import (
+    Algorithm,
+    Batch,
+    Capabilities,
+    ClientModule,
+    ClientUpload,
+    OptimizerName,
+    ServerContext,
+    ServerPhase,
+    TrainableServerPhase,
+)
+from fedhet.errors import TrainingError
+from fedhet.federation.payloads import ClassStatsPayload, Payload, check_shape
+from fedhet.federation.state import copy_state_into
+from fedhet.functional import arcface_logits, class_means, etf_cosines, rbf_mmd2, simplex_etf, unit_class_prototypes
+from fedhet.seeding import derive_seed, seeded
+
+if TYPE_CHECKING:
+    from fedhet.generators import GeneratorAdapter
+
+log = logging.getLogger("fedhet")
+
+PrototypeMode = Literal["unit", "mean"]
+CentroidMode = Literal["learned_table", "exact_mean"]
+
+LATENT_HEAD_PREFIX = "latent_head."
+GENERATOR_PREFIX = "generator."
+SYNTHESIS_CHUNK = 32  # images synthesised per generator call (memory only; the code uses 4)
+
+
+@dataclass(frozen=True)
+class GeneratedPairsPayload(Payload):
+    """FedKTL's download: generated images at client resolution and the latents they came from.
+
+    ``images[j]`` is ``G_s(latents[j])`` after post-processing to the client's image size,
+    channels and normalisation; row ``j`` is one class's centroid, but clients only regress the
+    latent from the image, so no labels travel. :meth:`nbytes` is therefore exactly
+    ``n * (ch*h*w + H) * 4`` for float32.
+    """
+
+    images: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, 0, 0, 0))
+    latents: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, 0))
+
+    def validate_pairs(self, latent_dim: int, sender: str = "server") -> None:
+        """Validate values, then ``images`` ``[n, ch, h, w]`` and ``latents`` ``[n, latent_dim]``."""
+        self.validate(sender)
+        if self.images.dim() != 4 or self.images.shape[0] < 1:
+            raise TrainingError(
+                f"{sender} sent generated images of shape {tuple(self.images.shape)}, expected [n>0, ch, h, w]"
+            )
+        check_shape(sender, "latents", self.latents, (self.images.shape[0], latent_dim))
+
+
+def shared_linear_init(in_features: int, out_features: int, seed: int) -> tuple[Tensor, Tensor]:
+    """``nn.Linear``'s default initialisation drawn from a private generator seeded with ``seed``.
+
+    PyTorch's default (Kaiming-uniform with ``a = sqrt(5)``, and the bias rule) is
+    ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for both weight and bias. Drawing it from its own
+    generator makes every client's ``h'_i`` identical without touching the global RNG.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    bound = 1.0 / in_features**0.5
+    weight = torch.empty(out_features, in_features).uniform_(-bound, bound, generator=generator)
+    bias = torch.empty(out_features).uniform_(-bound, bound, generator=generator)
+    return weight, bias
+
+
+def to_client_images(
+    generated: Tensor, image_size: int, channels: int, mean: Sequence[float], std: Sequence[float]
+) -> Tensor:
+    """Post-process generator outputs in ``[-1, 1]`` into what a client's loader would produce.
+
+    Map to ``[0, 1]`` and clamp, resize (bilinear, antialiased) to ``image_size``, convert RGB to
+    grey or grey to RGB when the channels differ, and normalise with the scenario's
+    ``mean``/``std``. This is the official "clientprocess" with fedhet's normalisation in place of
+    PFLlib's 0.5/0.5.
+    """
+    images = ((generated.float() + 1.0) / 2.0).clamp(0.0, 1.0)
+    if images.shape[-1] != image_size or images.shape[-2] != image_size:
+        size = (image_size, image_size)
+        images = F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+    if images.shape[1] != channels:
+        if channels == 1:
+            images = images.mean(dim=1, keepdim=True)
+        elif images.shape[1] == 1:
+            images = images.expand(-1, channels, -1, -1)
+        else:
+            raise TrainingError(f"cannot convert {images.shape[1]}-channel generated images to {channels} channels")
+    mean_t = torch.tensor(mean, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+    return ((images - mean_t) / std_t).contiguous()
+
+
+def _load_generator(name: str) -> GeneratorAdapter:
+    """Load the frozen generator by name (imported lazily: only FedKTL needs the generators package)."""
+    from fedhet.generators import load_generator
+
+    return load_generator(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Client
+# ---------------------------------------------------------------------------------------------
+
+
+class FedKTLClient(ClientModule):
+    """ArcFace against a fixed ETF, plus regressing the server's latents from its generated images.
+
+    Args:
+        model: the backbone; its ``head`` is replaced by the projection ``h_i = Linear(K', K)``
+            when ``etf`` is given.
+        num_classes: ``C``.
+        etf: the fixed ``[K, C]`` simplex ETF, or ``None`` for the "-ETF" ablation (original
+            trainable classifier and cross-entropy; prototypes in feature space).
+        latent_dim: ``H``, the generator's latent size (output of ``h'_i``).
+        latent_head_seed: seed of ``h'_i``'s initialisation, shared by every client.
+        scale: ArcFace scale ``s``.
+        margin: ArcFace additive angular margin ``m`` (radians).
+        mu: weight of the latent regression task.
+        use_latent_task: build ``h'_i`` and train on downloaded pairs ("-L^M" when ``False``).
+        prototype_mode: ``"unit"`` (official code) or ``"mean"`` (paper).
+        grad_clip_norm: clip model and ``h'_i`` gradients separately to this norm (``None``: off).
+        optimizer: local optimizer.
+        lr: local learning rate.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        etf: Tensor | None,
+        latent_dim: int,
+        latent_head_seed: int,
+        scale: float = 64.0,
+        margin: float = 0.5,
+        mu: float = 50.0,
+        use_latent_task: bool = True,
+        prototype_mode: PrototypeMode = "unit",
+        grad_clip_norm: float | None = 100.0,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+        num_features = int(model.num_features)
+        self.use_etf = etf is not None
+        if etf is not None:
+            if etf.shape[1] != num_classes:
+                raise ValueError(f"ETF of shape {tuple(etf.shape)} for {num_classes} classes")
+            self.model.head = nn.Linear(num_features, etf.shape[0])  # h_i in the classifier's position
+            # A constant rebuilt from the shared seed: identical everywhere, never trained or stored.
+            self.register_buffer("etf", etf.detach().clone().float(), persistent=False)
+        self.scale = scale
+        self.margin = margin
+        self.mu = mu
+        self.prototype_mode: PrototypeMode = prototype_mode
+        self.grad_clip_norm = grad_clip_norm
+        self.latent_head_seed = latent_head_seed
+        self.latent_head = nn.Linear(num_features, latent_dim) if use_latent_task else None
+        self.reset_latent_head()
+        self.pair_images: Tensor | None = None
+        self.pair_latents: Tensor | None = None
+        self._pair_order: Tensor | None = None
+        self._pair_cursor = 0
+
+    # ------------------------------------------------------------------ h'_i
+    def reset_latent_head(self) -> None:
+        """Put ``h'_i`` back to the shared initialisation (every fit: it is never persisted)."""
+        if self.latent_head is None:
+            return
+        head = self.latent_head
+        weight, bias = shared_linear_init(head.in_features, head.out_features, self.latent_head_seed)
+        with torch.no_grad():
+            self.latent_head.weight.copy_(weight)
+            self.latent_head.bias.copy_(bias)
+
+    def on_train_start(self) -> None:
+        self.reset_latent_head()
+        if self.latent_head is not None:
+            # A fresh h'_i gets fresh optimizer state (the carrier restored last round's).
+            for optimizer in self.trainer.optimizers:
+                for parameter in self.latent_head.parameters():
+                    optimizer.state.pop(parameter, None)
+        if self.pair_images is not None and self.pair_latents is not None:
+            self.pair_images = self.pair_images.to(self.device)
+            self.pair_latents = self.pair_latents.to(self.device)
+        self._pair_order, self._pair_cursor = None, 0
+
+    def client_state(self) -> dict[str, Tensor]:
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(LATENT_HEAD_PREFIX)}
+
+    def load_client_state(self, state: Mapping[str, Tensor]) -> None:
+        full = dict(state)
+        full.update({k: v for k, v in self.state_dict().items() if k.startswith(LATENT_HEAD_PREFIX)})
+        copy_state_into(self, full)
+
+    # ------------------------------------------------------------------ objective
+    def embed(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(f_i(x), h_i(f_i(x)))``: features and their projection (or logits without the ETF)."""
+        features = self.model.forward_features(x)
+        return features, self.model.forward_head(features)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Cosines to the ETF columns (argmax = prediction); logits without the ETF."""
+        projected = self.model(x)
+        return etf_cosines(projected.float(), self.etf) if self.use_etf else projected
+
+    def classification_loss(self, projected: Tensor, y: Tensor) -> Tensor:
+        """``L_A``: ArcFace against the ETF (cross-entropy on the logits without it)."""
+        if not self.use_etf:
+            return F.cross_entropy(projected, y)
+        logits = arcface_logits(etf_cosines(projected.float(), self.etf), y, self.scale, self.margin)
+        return F.cross_entropy(logits, y)
+
+    def next_pairs(self, batch_size: int) -> tuple[Tensor, Tensor]:
+        """The next ``min(batch_size, n)`` downloaded pairs from a stream of shuffled passes.
+
+        Always a full batch (a short tail of one pass is topped up from the next pass), so
+        BatchNorm in ``f_i`` never sees a single generated image.
+        """
+        assert self.pair_images is not None and self.pair_latents is not None
+        total = self.pair_latents.shape[0]
+        wanted = min(batch_size, total)
+        picked: list[Tensor] = []
+        while wanted > 0:
+            if self._pair_order is None or self._pair_cursor >= total:
+                self._pair_order, self._pair_cursor = torch.randperm(total), 0
+            take = self._pair_order[self._pair_cursor : self._pair_cursor + wanted]
+            self._pair_cursor += len(take)
+            wanted -= len(take)
+            picked.append(take)
+        index = torch.cat(picked).to(self.pair_latents.device)
+        return self.pair_images[index], self.pair_latents[index]
+
+    def local_loss(self, batch: Batch) -> Tensor:
+        x, y = batch
+        _, projected = self.embed(x)
+        loss = self.classification_loss(projected, y)
+        if self.latent_head is not None and self.pair_latents is not None and self.mu != 0.0:
+            images, latents = self.next_pairs(x.shape[0])
+            predicted = self.latent_head(self.model.forward_features(images))
+            loss = loss + self.mu * F.mse_loss(predicted, latents)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.grad_clip_norm is None:
+            return
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
+        if self.latent_head is not None:
+            nn.utils.clip_grad_norm_(self.latent_head.parameters(), self.grad_clip_norm)
+
+    # ------------------------------------------------------------------ federation hooks
+    def on_receive(self, download: Payload | None) -> None:
+        if not isinstance(download, GeneratedPairsPayload):
+            self.pair_images = self.pair_latents = None
+            return
+        if self.latent_head is not None:
+            download.validate_pairs(self.latent_head.out_features)
+        self.pair_images, self.pair_latents = download.images, download.latents
+
+    def make_upload(self, train_batches: Iterable[Batch]) -> ClassStatsPayload:
+        vectors, labels = [], []
+        for x, y in train_batches:
+            features, projected = self.embed(x)
+            vectors.append((projected if self.use_etf else features).float())
+            labels.append(y)
+        if not vectors:
+            raise TrainingError("a FedKTL client without training data cannot upload prototypes")
+        embeddings, targets = torch.cat(vectors), torch.cat(labels)
+        if self.prototype_mode == "unit":
+            prototypes, counts = unit_class_prototypes(embeddings, targets, self.num_classes)
+        else:
+            prototypes, counts = class_means(embeddings, targets, self.num_classes)
+        return ClassStatsPayload(values=prototypes.cpu(), counts=counts.cpu())
+
+
+# ---------------------------------------------------------------------------------------------
+# Server
+# ---------------------------------------------------------------------------------------------
+
+
+class FedKTLServer(TrainableServerPhase):
+    """Domain alignment of prototypes to the generator's W, then one generated pair per class.
+
+    Args:
+        generator: the frozen generator (``sample_w`` and ``synthesize``).
+        prototype_dim: ``K`` of the uploaded prototypes; ``None`` = ``num_classes`` (ETF with
+            ``K = C``), or the feature size when ``in_feature_space``.
+        in_feature_space: prototypes are backbone features (the "-ETF" ablation); their size is
+            read from the clients' initial state.
+        centroid_weight: ``lambda``, weight of the MSE to the class centroids.
+        lr: Adam learning rate ``eta_S``.
+        epochs: passes ``E_S`` over the prototypes per round.
+        batch_size: ``B_S``.
+        mmd_bandwidths: the ``a_k`` of the MMD kernel.
+        centroid_mode: ``"learned_table"`` (code) or ``"exact_mean"`` (paper).
+        grad_clip_norm: clip ``F`` and the centroid table separately (``None``: off).
+    """
+
+    def __init__(
+        self,
+        generator: GeneratorAdapter,
+        prototype_dim: int | None = None,
+        in_feature_space: bool = False,
+        centroid_weight: float = 1.0,
+        lr: float = 0.01,
+        epochs: int = 100,
+        batch_size: int = 100,
+        mmd_bandwidths: Sequence[float] = (10.0, 15.0, 20.0, 50.0),
+        centroid_mode: CentroidMode = "learned_table",
+        grad_clip_norm: float | None = 100.0,
+    ) -> None:
+        super().__init__()
+        if epochs < 1 or batch_size < 2:
+            raise ValueError(f"server_epochs={epochs} must be >= 1 and server_batch_size={batch_size} >= 2 (BatchNorm)")
+        self.generator = generator
+        self.prototype_dim = prototype_dim
+        self.in_feature_space = in_feature_space
+        self.centroid_weight = centroid_weight
+        self.lr = lr
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.mmd_bandwidths = tuple(float(a) for a in mmd_bandwidths)
+        self.centroid_mode: CentroidMode = centroid_mode
+        self.grad_clip_norm = grad_clip_norm
+        self.num_classes = 0
+        self.transformer: nn.Sequential | None = None
+        self.centroids: nn.Embedding | None = None
+        self.prototypes = torch.zeros(0, 0)
+        self.prototype_labels = torch.zeros(0, dtype=torch.long)
+        self.pair_images: Tensor | None = None
+        self.pair_latents: Tensor | None = None
+        self.image_spec: tuple[int, int, tuple[float, ...], tuple[float, ...]] | None = None
+        self._finished = True
+        self._sums: dict[str, float] = {}
+        self._steps = 0
+
+    # ------------------------------------------------------------------ setup and state
+    def setup_server(self, context: ServerContext) -> None:
+        self.num_classes = context.num_classes
+        dim = self.prototype_dim or context.num_classes
+        if self.in_feature_space:
+            head = context.initial_client_state(0)["model.head.weight"]
+            dim = int(head.shape[1])
+        self.prototype_dim = dim
+        latent_dim = self.generator.latent_dim
+        with seeded(derive_seed(context.seed, "fedktl-server-init")):
+            self.transformer = nn.Sequential(
+                nn.Linear(dim, dim), nn.BatchNorm1d(dim), nn.ReLU(), nn.Linear(dim, latent_dim)
+            )
+            self.centroids = nn.Embedding(context.num_classes, latent_dim)
+        self.register_buffer("seen", torch.zeros(context.num_classes, dtype=torch.bool))
+        self.prototypes = torch.zeros(0, dim)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        """``F``, the centroid table and the classes seen, plus the current pairs; not the frozen generator."""
+        state = {k: v for k, v in super().state_dict(*args, **kwargs).items() if not k.startswith(GENERATOR_PREFIX)}
+        if self.pair_images is not None and self.pair_latents is not None:
+            state["pair_images"], state["pair_latents"] = self.pair_images, self.pair_latents
+        return state
+
+    def load_state_dict(  # type: ignore[override]
+        self, state: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        state = dict(state)
+        images, latents = state.pop("pair_images", None), state.pop("pair_latents", None)
+        state.update({GENERATOR_PREFIX + k: v for k, v in self.generator.state_dict().items()})
+        result = super().load_state_dict(state, strict=strict, assign=assign)
+        self.pair_images, self.pair_latents = images, latents
+        return result
+
+    # ------------------------------------------------------------------ round set-up (step 5a)
+    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        assert self.transformer is not None and self.centroids is not None, "setup() was not called"
+        prototypes, labels = [torch.zeros(0, self.prototype_dim or 0)], [torch.zeros(0, dtype=torch.long)]
+        for upload in uploads:
+            payload = upload.payload
+            sender = f"client {upload.client_id}"
+            if not isinstance(payload, ClassStatsPayload):
+                raise TrainingError(
+                    f"{sender} sent {type(payload).__name__}, FedKTL expects ClassStatsPayload prototypes"
+                )
+            payload.validate_shape(self.num_classes, self.prototype_dim, sender)
+            held = payload.counts > 0
+            prototypes.append(payload.values[held].float())
+            labels.append(held.nonzero().squeeze(1))
+        self.prototypes, self.prototype_labels = torch.cat(prototypes), torch.cat(labels)
+        self.set_centroids_to_class_means()
+        self._finished = False
+        self._sums, self._steps = {}, 0
+
+    @torch.no_grad()
+    def set_centroids_to_class_means(self) -> Tensor:
+        """``Cent[c] = mean F(P)`` over this round's prototypes of ``c`` (eval mode); returns the classes present."""
+        assert self.transformer is not None and self.centroids is not None
+        device = self.centroids.weight.device
+        present = torch.zeros(self.num_classes, dtype=torch.bool, device=device)
+        if len(self.prototypes) == 0:
+            return present
+        was_training = self.transformer.training
+        self.transformer.eval()
+        mapped = self.transformer(self.prototypes.to(device))
+        self.transformer.train(was_training)
+        means, counts = class_means(mapped, self.prototype_labels.to(device), self.num_classes)
+        present = counts > 0
+        self.centroids.weight[present] = means[present]
+        return present
+
+    def server_dataloader(self, scenario: Any, seed: int) -> Iterable[Any]:
+        """``E_S`` shuffled passes of minibatch index sets over this round's prototypes (size-1 batches dropped).
+
+        Also records the scenario's image size, channels and normalisation for the generated images.
+        """
+        self.image_spec = (
+            int(scenario.image_size), int(scenario.in_channels), tuple(scenario.mean), tuple(scenario.std)
+        )
+        order_rng = torch.Generator().manual_seed(seed)
+        batches = []
+        for _ in range(self.epochs):
+            for chunk in torch.randperm(len(self.prototypes), generator=order_rng).split(self.batch_size):
+                if len(chunk) > 1:
+                    batches.append(chunk)
+        return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
+
+    # ------------------------------------------------------------------ training (step 5b)
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        assert self.transformer is not None and self.centroids is not None
+        params = list(self.transformer.parameters())
+        if self.centroid_mode == "learned_table":
+            params += list(self.centroids.parameters())
+        # Re-created by every fit, so Adam's moments restart every round as in the code.
+        return torch.optim.Adam(params, lr=self.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    def server_losses(self, index: Tensor) -> dict[str, Tensor]:
+        """MMD to fresh generator latents and MSE to the centroids for the prototypes ``index``."""
+        assert self.transformer is not None and self.centroids is not None
+        prototypes = self.prototypes.to(self.device)
+        labels = self.prototype_labels.to(self.device)
+        index = index.to(self.device)
+        if self.centroid_mode == "exact_mean":
+            mapped_all = self.transformer(prototypes)
+            targets, _ = class_means(mapped_all, labels, self.num_classes)
+            mapped, target = mapped_all[index], targets[labels[index]]
+        else:
+            mapped, target = self.transformer(prototypes[index]), self.centroids(labels[index])
+        with torch.no_grad():
+            latents = self.generator.sample_w(len(index)).to(mapped.device, mapped.dtype)
+        mmd = rbf_mmd2(mapped, latents, self.mmd_bandwidths)
+        mse = F.mse_loss(mapped, target)
+        return {"loss": mmd + self.centroid_weight * mse, "mmd": mmd, "mse": mse}
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        losses = self.server_losses(batch)
+        for key, value in losses.items():
+            self._sums[key] = self._sums.get(key, 0.0) + float(value.detach())
+        self._steps += 1
+        return losses["loss"]
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        assert self.transformer is not None and self.centroids is not None
+        if self.grad_clip_norm is not None:
+            nn.utils.clip_grad_norm_(self.transformer.parameters(), self.grad_clip_norm)
+            nn.utils.clip_grad_norm_(self.centroids.parameters(), self.grad_clip_norm)
+
+    def on_train_epoch_end(self) -> None:
+        # All E_S passes are one Lightning epoch; more would re-run them.
+        self.trainer.should_stop = True
+
+    # ------------------------------------------------------------------ steps 5c and 6
+    def on_train_end(self) -> None:
+        self.finish_round()
+
+    def on_fit_end(self) -> None:
+        self.finish_round()  # when Lightning skipped training (fewer than two prototypes)
+
+    @torch.no_grad()
+    def finish_round(self) -> None:
+        """Final centroids = exact class means of ``F(P)``; one generated image per class seen."""
+        if self._finished:
+            return
+        assert self.centroids is not None
+        if self.image_spec is None:
+            raise TrainingError("FedKTL's server was fitted without server_dataloader(); the image format is unknown")
+        self.seen |= self.set_centroids_to_class_means().to(self.seen.device)
+        latents = self.centroids.weight[self.seen.to(self.centroids.weight.device)].detach()
+        # the generator is a child module, so it sits on the centroids' device
+        generated = [self.generator.synthesize(chunk) for chunk in latents.split(SYNTHESIS_CHUNK)]
+        if generated:
+            self.pair_images = to_client_images(torch.cat(generated), *self.image_spec).cpu()
+            self.pair_latents = latents.float().cpu().clone()
+        self._finished = True
+
+    # ------------------------------------------------------------------ download and metrics
+    def download_for(self, client_id: int) -> GeneratedPairsPayload | None:
+        if self.pair_images is None or self.pair_latents is None:
+            return None
+        return GeneratedPairsPayload(images=self.pair_images, latents=self.pair_latents)
+
+    def metrics(self) -> dict[str, float]:
+        """Mean server losses of the round and the mean pairwise distance of the centroids sent."""
+        out = {k: v / self._steps for k, v in self._sums.items()} if self._steps else {}
+        out["prototypes"] = float(len(self.prototypes))
+        if self.pair_latents is not None and len(self.pair_latents) > 1:
+            out["centroid_spread"] = float(torch.pdist(self.pair_latents).mean())
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Algorithm
+# ---------------------------------------------------------------------------------------------
+
+
+class FedKTL(Algorithm):
+    """FedKTL (heterogeneous models; one feature dimension ``K'`` through ``feature_dim``).
+
+    Args:
+        mu: weight of the latent regression task ``L^M`` on the downloaded pairs (paper: 50).
+        centroid_weight: ``lambda``, weight of the server's MSE to the class centroids (paper: 1).
+        scale: ArcFace scale ``s`` (paper: 64).
+        margin: ArcFace additive angular margin ``m`` in radians (paper: 0.5).
+        etf_dim: ``K``, size of the ETF space; ``None`` = number of classes (paper default).
+        generator: frozen generator by name: ``"untrained"`` (class default, needs no artifact;
+            does not reproduce the paper), ``"embedded-stylegan"`` (configs), ``"stylegan-pkl:<path>"``
+            or ``"stable-diffusion:<dir>"``.
+        server_lr: Adam learning rate ``eta_S`` of the feature transformer (paper: 0.01).
+        server_epochs: passes ``E_S`` over the prototypes per round (paper: 100).
+        server_batch_size: ``B_S`` (paper: 100).
+        mmd_bandwidths: the ``a_k`` of the RBF-sum MMD kernel (code: 10, 15, 20, 50).
+        centroid_mode: ``"learned_table"`` (code) or ``"exact_mean"`` (paper Eq. 2).
+        prototype_mode: ``"unit"`` (code: normalised prototypes) or ``"mean"`` (paper).
+        use_latent_task: train on the downloaded pairs ("-L^M" ablation when ``False``).
+        use_etf: fixed ETF with ArcFace; ``False`` is the "-ETF" ablation (original classifier).
+        grad_clip_norm: gradient norm clip of client model, ``h'_i``, ``F`` and centroids (code: 100).
+        shared_seed: public seed of the ETF and of ``h'_i``'s initialisation, shared by all parties.
+        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
+        lr: local learning rate (paper: 0.01).
+        momentum: SGD momentum (code: 0).
+        weight_decay: L2 weight decay (code: 0).
+    """
+
+    capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
+    upload_type = ClassStatsPayload
+    download_type = GeneratedPairsPayload
+
+    def __init__(
+        self,
+        mu: float = 50.0,
+        centroid_weight: float = 1.0,
+        scale: float = 64.0,
+        margin: float = 0.5,
+        etf_dim: int | None = None,
+        generator: str = "untrained",
+        server_lr: float = 0.01,
+        server_epochs: int = 100,
+        server_batch_size: int = 100,
+        mmd_bandwidths: tuple[float, ...] = (10.0, 15.0, 20.0, 50.0),
+        centroid_mode: CentroidMode = "learned_table",
+        prototype_mode: PrototypeMode = "unit",
+        use_latent_task: bool = True,
+        use_etf: bool = True,
+        grad_clip_norm: float | None = 100.0,
+        shared_seed: int = 0,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(optimizer, lr, momentum, weight_decay)
+        self.mu = mu
+        self.centroid_weight = centroid_weight
+        self.scale = scale
+        self.margin = margin
+        self.etf_dim = etf_dim
+        self.generator = generator
+        self.server_lr = server_lr
+        self.server_epochs = server_epochs
+        self.server_batch_size = server_batch_size
+        self.mmd_bandwidths = tuple(mmd_bandwidths)
+        self.centroid_mode: CentroidMode = centroid_mode
+        self.prototype_mode: PrototypeMode = prototype_mode
+        self.use_latent_task = use_latent_task
+        self.use_etf = use_etf
+        self.grad_clip_norm = grad_clip_norm
+        self.shared_seed = shared_seed
+        self._generator: GeneratorAdapter | None = None
+
+    def frozen_generator(self) -> GeneratorAdapter:
+        """The generator, loaded once per run and shared by the server and the clients' ``H``."""
+        if self._generator is None:
+            self._generator = _load_generator(self.generator)
+        return self._generator
+
+    def etf(self, num_classes: int) -> Tensor:
+        """The shared simplex ETF ``[K, C]``, from ``shared_seed`` (identical on every party)."""
+        dim = self.etf_dim or num_classes
+        seed = derive_seed(self.shared_seed, "fedktl-etf", num_classes, dim)
+        return simplex_etf(num_classes, dim, torch.Generator().manual_seed(seed))
+
+    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
+        return FedKTLClient(
+            model,
+            num_classes,
+            etf=self.etf(num_classes) if self.use_etf else None,
+            latent_dim=self.frozen_generator().latent_dim,
+            latent_head_seed=derive_seed(self.shared_seed, "fedktl-latent-head"),
+            scale=self.scale,
+            margin=self.margin,
+            mu=self.mu,
+            use_latent_task=self.use_latent_task,
+            prototype_mode=self.prototype_mode,
+            grad_clip_norm=self.grad_clip_norm,
+            **self.optimizer_kwargs(),
+        )
+
+    def build_server(self) -> ServerPhase:
+        if self.generator == "untrained":
+            log.warning("FedKTL uses the untrained generator: fine for tests, but it does not reproduce the paper")
+        return FedKTLServer(
+            self.frozen_generator(),
+            prototype_dim=self.etf_dim if self.use_etf else None,
+            in_feature_space=not self.use_etf,
+            centroid_weight=self.centroid_weight,
+            lr=self.server_lr,
+            epochs=self.server_epochs,
+            batch_size=self.server_batch_size,
+            mmd_bandwidths=self.mmd_bandwidths,
+            centroid_mode=self.centroid_mode,
+            grad_clip_norm=self.grad_clip_norm,
+        )

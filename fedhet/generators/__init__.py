@@ -1,0 +1,29 @@
+"""Frozen pretrained generators for FedKTL: one interface, several sources.
+
+* :class:`GeneratorAdapter` and :func:`load_generator` (:mod:`fedhet.generators.base`): the
+  interface FedKTL depends on, and loading by name.
+* :mod:`fedhet.generators.stylegan`: the small style-based generator and its discriminator.
+* :mod:`fedhet.generators.pretrain`: ``fedhet pretrain-generator`` (GAN training on the
+  embedded public photo crops) and the checksummed artifact.
+* :mod:`fedhet.generators.adapters`: Stable Diffusion's VAE decoder (optional ``diffusers``
+  extra) and StyleGAN2/3 network pickles.
+
+See ``docs/generators.md``.
+"""
+
+from fedhet.generators.base import DEFAULT_GENERATOR, GeneratorAdapter, generators_dir, load_generator
+from fedhet.generators.pretrain import load_artifact, pretrain_generator, save_sample_grid
+from fedhet.generators.stylegan import StyleGenerator, StyleGeneratorAdapter, StyleGeneratorConfig
+
+__all__ = [
+    "DEFAULT_GENERATOR",
+    "GeneratorAdapter",
+    "StyleGenerator",
+    "StyleGeneratorAdapter",
+    "StyleGeneratorConfig",
+    "generators_dir",
+    "load_artifact",
+    "load_generator",
+    "pretrain_generator",
+    "save_sample_grid",
+]

@@ -1,0 +1,288 @@
+"""FedKTL: hand-computed payload sizes, shared initialisations, server training, ablation switches.
+
+Unit tests use a tiny in-test generator with the ``fedhet.generators.GeneratorAdapter``
+interface, so they need no artifact and pin down exactly what the server receives.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from fedhet.algorithms import fedktl
+from fedhet.algorithms.base import ClientUpload, ServerContext
+from fedhet.algorithms.fedktl import (
+    FedKTL,
+    FedKTLClient,
+    FedKTLServer,
+    GeneratedPairsPayload,
+    shared_linear_init,
+    to_client_images,
+)
+from fedhet.errors import TrainingError
+from fedhet.federation import FederationLoop
+from fedhet.federation.payloads import ClassStatsPayload
+from fedhet.federation.trainer import TrainerTemplate
+from fedhet.functional import simplex_etf
+from fedhet.models import create_model
+from fedhet.seeding import seeded
+from tests.conftest import tiny_label_skew
+
+
+class TinyGenerator(nn.Module):
+    """The GeneratorAdapter interface in a few lines: W is a shifted Gaussian, images a tanh of a linear map."""
+
+    latent_dim = 6
+    resolution = 8
+    out_channels = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        with seeded(11):
+            self.to_image = nn.Linear(self.latent_dim, self.out_channels * self.resolution**2)
+        for parameter in self.parameters():
+            parameter.requires_grad_(False)
+
+    def sample_w(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        return 0.5 * torch.randn(n, self.latent_dim, generator=generator) + 3.0
+
+    def synthesize(self, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.to_image(w)).view(-1, self.out_channels, self.resolution, self.resolution)
+
+
+@pytest.fixture
+def tiny_generator(monkeypatch):
+    generator = TinyGenerator()
+    monkeypatch.setattr(fedktl, "_load_generator", lambda name: generator)
+    return generator
+
+
+def _client(architecture="cnn_tiny", num_classes=4, seed=0, **kwargs):
+    model = create_model(architecture, num_classes=num_classes, in_channels=3, seed=seed, feature_dim=16)
+    etf = simplex_etf(num_classes, num_classes, torch.Generator().manual_seed(0))
+    return FedKTLClient(model, num_classes, etf=etf, latent_dim=6, latent_head_seed=123, **kwargs)
+
+
+def _context(num_classes=4):
+    return ServerContext(
+        num_clients=2, num_classes=num_classes, architectures=("a", "b"), seed=0, initial_client_state=lambda c: {}
+    )
+
+
+def _upload(client_id, values, counts):
+    return ClientUpload(client_id, "a", ClassStatsPayload(values=values, counts=torch.tensor(counts)))
+
+
+# ------------------------------------------------------------------ client
+
+
+def test_latent_head_identical_across_architectures_and_reset_every_fit():
+    first, second = _client("cnn_tiny", seed=1), _client("mlp_tiny", seed=2)
+    weight, bias = shared_linear_init(16, 6, 123)
+    # nn.Linear's default bounds: 1/sqrt(fan_in) = 1/sqrt(16) = 0.25
+    assert weight.abs().max() <= 0.25 and bias.abs().max() <= 0.25
+    for client in (first, second):
+        assert torch.equal(client.latent_head.weight, weight) and torch.equal(client.latent_head.bias, bias)
+    with torch.no_grad():
+        first.latent_head.weight.add_(1.0)
+    first.reset_latent_head()
+    assert torch.equal(first.latent_head.weight, weight)
+    # never persisted: not in the client state, and loading a state leaves it alone
+    state = first.client_state()
+    assert not any(k.startswith("latent_head.") for k in state) and "etf" not in state
+    second.load_client_state(_client("mlp_tiny", seed=5).client_state())
+    assert torch.equal(second.latent_head.weight, weight)
+
+
+def test_upload_is_unit_prototypes_of_held_classes_and_counts_their_bytes():
+    client = _client().eval()
+    x = torch.randn(6, 3, 16, 16)
+    y = torch.tensor([0, 0, 2, 2, 2, 0])
+    with torch.no_grad():
+        upload = client.make_upload([(x[:4], y[:4]), (x[4:], y[4:])])
+    assert upload.counts.tolist() == [3, 0, 3, 0]
+    norms = upload.values.norm(dim=1)
+    assert torch.allclose(norms[[0, 2]], torch.ones(2), atol=1e-6) and torch.equal(norms[[1, 3]], torch.zeros(2))
+    # |C_i| * K floats + one int64 count per class held: 2 * (4 * 4 + 8) = 48 bytes
+    assert upload.nbytes() == 48
+
+
+def test_prediction_is_cosine_to_fixed_etf_and_etf_is_not_trained():
+    client = _client()
+    assert not any(p is client.etf for p in client.parameters())
+    x = torch.randn(5, 3, 16, 16)
+    scores = client(x)
+    assert scores.shape == (5, 4) and (scores.abs() <= 1.0 + 1e-6).all()
+    # identical ETF on every client: both rebuilt from the same shared seed
+    assert torch.equal(FedKTL().etf(4), FedKTL().etf(4))
+
+
+def test_pairs_stream_gives_full_batches_and_covers_every_pair():
+    client = _client()
+    images, latents = torch.randn(3, 3, 16, 16), torch.arange(18.0).view(3, 6)
+    client.on_receive(GeneratedPairsPayload(images=images, latents=latents))
+    with seeded(0):
+        drawn = [client.next_pairs(2)[1] for _ in range(3)]
+    assert all(len(batch) == 2 for batch in drawn)
+    # the first pass (3 pairs) is the first batch plus one pair of the second
+    first_pass = torch.cat(drawn)[:3, 0].sort().values
+    assert first_pass.tolist() == [0.0, 6.0, 12.0]
+    client.on_receive(None)
+    assert client.pair_latents is None
+
+
+def test_client_rejects_pairs_of_wrong_latent_size():
+    client = _client()
+    with pytest.raises(TrainingError, match="latents"):
+        client.on_receive(GeneratedPairsPayload(images=torch.zeros(2, 3, 16, 16), latents=torch.zeros(2, 5)))
+
+
+# ------------------------------------------------------------------ server
+
+
+def _scenario_spec(image_size=16, channels=3):
+    return SimpleNamespace(image_size=image_size, in_channels=channels, mean=(0.5,) * channels, std=(0.25,) * channels)
+
+
+def _fit(server, max_epochs=1):
+    """Fit the server as the loop does, with a client Trainer template (max_epochs > 1 must not repeat E_S)."""
+    loader = server.server_dataloader(_scenario_spec(), 1)
+    TrainerTemplate(max_epochs=max_epochs, accelerator="cpu").build().fit(server, train_dataloaders=loader)
+
+
+def _fitted_server(generator, epochs=2, **kwargs):
+    server = FedKTLServer(generator, epochs=epochs, batch_size=100, **kwargs)
+    server.setup(_context())
+    torch.manual_seed(0)
+    server.aggregate(
+        0,
+        [
+            _upload(0, torch.nn.functional.normalize(torch.randn(4, 4), dim=1), [3, 2, 0, 0]),
+            _upload(1, torch.nn.functional.normalize(torch.randn(4, 4), dim=1), [0, 5, 1, 7]),
+        ],
+    )
+    with seeded(1):
+        _fit(server, max_epochs=3)
+    return server
+
+
+def test_download_is_one_pair_per_class_with_paper_byte_count():
+    server = _fitted_server(TinyGenerator())
+    download = server.download_for(0)
+    assert download.images.shape == (4, 3, 16, 16) and download.latents.shape == (4, 6)
+    # C * (ch*h*w + H) floats * 4 bytes = 4 * (3*16*16 + 6) * 4 = 4 * 774 * 4 = 12384
+    assert download.nbytes() == 12384
+    # 5 prototypes (2 + 3 held classes), 2 epochs of one batch each, and exactly one Lightning epoch
+    assert server.metrics()["prototypes"] == 5.0 and server._steps == 2
+
+
+def test_classes_never_uploaded_get_no_pair():
+    server = FedKTLServer(TinyGenerator(), epochs=1)
+    server.setup(_context())
+    server.aggregate(0, [_upload(0, torch.eye(4), [1, 1, 0, 0])])
+    with seeded(1):
+        _fit(server)
+    assert server.download_for(0).latents.shape == (2, 6)
+
+
+def test_final_centroids_are_class_means_of_transformed_prototypes():
+    server = _fitted_server(TinyGenerator())
+    server.transformer.eval()
+    with torch.no_grad():
+        mapped = server.transformer(server.prototypes)
+    labels = server.prototype_labels
+    expected = torch.stack([mapped[labels == c].mean(0) for c in range(4)])
+    assert torch.allclose(server.download_for(0).latents, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("centroid_mode", ["learned_table", "exact_mean"])
+def test_server_training_lowers_its_loss(centroid_mode):
+    generator = TinyGenerator()
+    server = FedKTLServer(generator, epochs=1, centroid_mode=centroid_mode)
+    server.setup(_context())
+    torch.manual_seed(0)
+    server.aggregate(0, [_upload(0, torch.nn.functional.normalize(torch.randn(4, 4), dim=1), [3, 2, 4, 1])] * 3)
+    everything = torch.arange(len(server.prototypes))
+    with seeded(5), torch.no_grad():
+        before = server.server_losses(everything)["loss"].item()
+    server.epochs = 60
+    with seeded(1):
+        _fit(server)
+    server.train()
+    with seeded(5), torch.no_grad():
+        after = server.server_losses(everything)["loss"].item()
+    assert after < 0.5 * before
+
+
+def test_server_rejects_malformed_prototypes():
+    server = FedKTLServer(TinyGenerator())
+    server.setup(_context())
+    with pytest.raises(TrainingError, match="shape"):
+        server.aggregate(0, [_upload(0, torch.zeros(4, 5), [1, 1, 1, 1])])
+    with pytest.raises(TrainingError, match="non-finite"):
+        server.aggregate(0, [_upload(0, torch.full((4, 4), float("nan")), [1, 1, 1, 1])])
+
+
+def test_server_state_round_trips_without_the_generator():
+    server = _fitted_server(TinyGenerator())
+    state = server.state_dict()
+    assert not any(k.startswith("generator.") for k in state) and "pair_latents" in state
+    restored = FedKTLServer(TinyGenerator())
+    restored.setup(_context())
+    restored.load_state_dict(state)
+    assert torch.equal(restored.download_for(0).images, server.download_for(0).images)
+    assert torch.equal(restored.centroids.weight, server.centroids.weight)
+
+
+def test_to_client_images_hand_values():
+    generated = torch.tensor([1.0, 1.0, -1.0]).view(1, 3, 1, 1).expand(1, 3, 2, 2)
+    # [-1, 1] -> [0, 1]: (1, 1, 0); grey = mean = 2/3; normalised (2/3 - 0.5) / 0.25 = 2/3
+    grey = to_client_images(generated, image_size=2, channels=1, mean=(0.5,), std=(0.25,))
+    assert grey.shape == (1, 1, 2, 2) and torch.allclose(grey, torch.full((1, 1, 2, 2), 2.0 / 3.0))
+    # 3 channels at 4x4: a constant image stays constant when resized; (1 - 0.5)/0.25 = 2, (0 - 0.5)/0.25 = -2
+    rgb = to_client_images(generated, image_size=4, channels=3, mean=(0.5,) * 3, std=(0.25,) * 3)
+    assert rgb.shape == (1, 3, 4, 4)
+    assert torch.allclose(rgb[0, :, 0, 0], torch.tensor([2.0, 2.0, -2.0]))
+
+
+# ------------------------------------------------------------------ whole runs (ablation switches)
+
+
+def _run(algorithm, rounds=2):
+    scenario = tiny_label_skew()
+    loop = FederationLoop(
+        algorithm, scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], TrainerTemplate(max_epochs=1, accelerator="cpu"),
+        rounds=rounds, feature_dim=16,
+    )
+    return loop, loop.run()
+
+
+def test_mu_zero_is_exactly_the_no_transfer_ablation_and_mu_positive_is_not(tiny_generator, monkeypatch):
+    _, without_mu = _run(FedKTL(mu=0.0, server_epochs=2))
+    _, without_task = _run(FedKTL(use_latent_task=False, server_epochs=2))
+    latent_heads_at_fit_start = []
+    original = FedKTLClient.on_train_start
+
+    def record(self):
+        original(self)
+        latent_heads_at_fit_start.append(self.latent_head.weight.detach().clone())
+
+    monkeypatch.setattr(FedKTLClient, "on_train_start", record)
+    loop, full = _run(FedKTL(server_epochs=2))
+    # h'_i starts identical for every client (two architectures) in every round: 3 clients x 2 rounds
+    assert len(latent_heads_at_fit_start) == 6
+    assert all(torch.equal(w, latent_heads_at_fit_start[0]) for w in latent_heads_at_fit_start)
+    assert without_mu["final"] == without_task["final"]
+    assert full["final"] != without_task["final"]  # round 1 trains on the generated pairs
+    # download per client and round = C * (ch*h*w + H) * 4 = 10 * (3*16*16 + 6) * 4 = 30960 bytes, 3 clients in round 1
+    assert full["comm"]["bytes_down"] == 3 * 30960
+    assert loop.history[-1]["server/centroid_spread"] > 0
+
+
+def test_without_etf_uses_the_original_classifier_and_feature_prototypes(tiny_generator):
+    loop, summary = _run(FedKTL(use_etf=False, server_epochs=2), rounds=1)
+    assert loop.server.transformer[0].in_features == 16  # K' = feature_dim
+    assert 0.0 <= summary["final"]["acc_local"] <= 100.0

@@ -1,0 +1,98 @@
+"""Hand-computed values of MOON's, FedProc's and FedRS's local-objective functions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedhet.functional import (
+    fedproc_alpha,
+    model_contrastive_loss,
+    prototypical_contrastive_loss,
+    restricted_logits,
+    restricted_softmax_scale,
+)
+
+
+def test_model_contrastive_loss_on_2d_vectors_by_hand():
+    # sample 1: z=[3,4], z_glob=[4,3] -> cos = 24/25 = 0.96; z_prev=[-3,-4] -> cos = -1
+    # sample 2: z=[1,0], z_glob=[0,2] -> cos = 0;            z_prev=[5,0]  -> cos = 1
+    z = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+    z_glob = torch.tensor([[4.0, 3.0], [0.0, 2.0]])
+    z_prev = torch.tensor([[-3.0, -4.0], [5.0, 0.0]])
+    # tau = 0.5: l = -log(e^{p/tau} / (e^{p/tau} + e^{n/tau})) = log(1 + e^{(n - p)/tau})
+    # sample 1: log(1 + e^{(-1 - 0.96)/0.5}) = log(1 + e^{-3.92}) = log(1.019841) = 0.019647
+    # sample 2: log(1 + e^{(1 - 0)/0.5})    = log(1 + e^{2})     = log(8.389056) = 2.126928
+    expected = (0.019647 + 2.126928) / 2
+    assert model_contrastive_loss(z, z_glob, z_prev, temperature=0.5).item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_model_contrastive_loss_is_log2_when_positive_and_negative_agree():
+    z = torch.tensor([[1.0, 2.0]])
+    # global and previous representation identical: the two logits tie, l = log 2 for any tau
+    assert model_contrastive_loss(z, z * 3, z * 3, temperature=0.1).item() == pytest.approx(math.log(2.0), abs=1e-6)
+
+
+def test_model_contrastive_loss_gradient_reaches_only_the_local_features():
+    z = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    z_glob = torch.tensor([[0.0, 1.0]], requires_grad=True)
+    z_prev = torch.tensor([[1.0, 1.0]])
+    model_contrastive_loss(z, z_glob.detach(), z_prev, 0.5).backward()
+    assert z.grad is not None and z.grad.abs().sum() > 0 and z_glob.grad is None
+
+
+def test_prototypical_contrastive_loss_two_classes_by_hand():
+    features = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    labels = torch.tensor([0, 1])
+    prototypes = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    # sample 0 (class 0): cos to c0 = 1, to c1 = 1/sqrt(2) = 0.707107 -> log(1 + e^{0.707107 - 1})
+    #   = log(1 + e^{-0.292893}) = log(1.746102) = 0.557386
+    # sample 1 (class 1): cos to c0 = 0, to c1 = 0.707107     -> log(1 + e^{0 - 0.707107})
+    #   = log(1 + e^{-0.707107}) = log(1.493069) = 0.400834
+    expected = (0.557386 + 0.400834) / 2
+    assert prototypical_contrastive_loss(features, labels, prototypes).item() == pytest.approx(expected, abs=1e-5)
+    # tau = 0.5 doubles the similarity gap: log(1 + e^{-0.585786}) = log(1.556668) = 0.442548,
+    # log(1 + e^{-1.414214}) = log(1.243117) = 0.217622
+    halved = prototypical_contrastive_loss(features, labels, prototypes, temperature=0.5).item()
+    assert halved == pytest.approx((0.442548 + 0.217622) / 2, abs=1e-5)
+
+
+def test_prototypical_contrastive_loss_ignores_missing_prototypes():
+    features = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]])
+    labels = torch.tensor([0, 1, 2])
+    # class 2 has no prototype: sample 2 is dropped and c2 (garbage) is not a negative,
+    # so the value is the two-class one of the previous test
+    prototypes = torch.tensor([[1.0, 0.0], [1.0, 1.0], [-50.0, 7.0]])
+    available = torch.tensor([True, True, False])
+    value = prototypical_contrastive_loss(features, labels, prototypes, available).item()
+    assert value == pytest.approx((0.557386 + 0.400834) / 2, abs=1e-5)
+    none = prototypical_contrastive_loss(features[2:], labels[2:], prototypes, available)
+    assert none.item() == 0.0
+
+
+def test_restricted_softmax_scale_missing_and_proportional():
+    counts = torch.tensor([10, 0, 5, 0])
+    assert restricted_softmax_scale(counts, 0.5).tolist() == [1.0, 0.5, 1.0, 0.5]
+    # proportional: 0.25 + 0.75 * n / 10 -> [1, 0.25, 0.625, 0.25]
+    assert restricted_softmax_scale(counts, 0.25, "proportional").tolist() == [1.0, 0.25, 0.625, 0.25]
+    assert restricted_softmax_scale(counts, 1.0).tolist() == [1.0, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="alpha"):
+        restricted_softmax_scale(counts, 1.5)
+
+
+def test_restricted_logits_scale_missing_classes_and_change_the_softmax():
+    logits = torch.tensor([[2.0, 4.0, -1.0]])
+    scale = restricted_softmax_scale(torch.tensor([3, 0, 1]), 0.5)
+    restricted = restricted_logits(logits, scale)
+    assert restricted.tolist() == [[2.0, 2.0, -1.0]]
+    # restricted softmax of class 0: e^2 / (e^2 + e^2 + e^-1) = 7.389056 / 15.145992 = 0.487856
+    assert torch.softmax(restricted, dim=1)[0, 0].item() == pytest.approx(0.487856, abs=1e-5)
+    assert torch.equal(restricted_logits(logits, torch.ones(3)), logits)
+
+
+def test_fedproc_alpha_decays_linearly_from_one_to_zero():
+    assert [fedproc_alpha(t, 5) for t in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert fedproc_alpha(0, 1) == 1.0
+    assert fedproc_alpha(7, 5) == 0.0

@@ -1,0 +1,134 @@
+"""Hand-computed values of the public-data distillation functionals (FedMD, FedDF, RHFL, FedMatch)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedhet.functional import (
+    client_confidence_weights,
+    confident_pseudo_labels,
+    digest_loss,
+    ensemble_distillation_loss,
+    kl_to_target,
+    logit_consensus,
+    masked_pseudo_label_loss,
+    symmetric_cross_entropy,
+    weighted_peer_kl,
+)
+
+LN2 = math.log(2.0)
+
+
+def test_logit_consensus_is_the_mean_and_carries_no_gradient():
+    a = torch.tensor([[1.0, 3.0], [0.0, 2.0]], requires_grad=True)
+    b = torch.tensor([[3.0, -1.0], [4.0, 0.0]], requires_grad=True)
+    c = torch.tensor([[2.0, 1.0], [-1.0, 1.0]], requires_grad=True)
+    consensus = logit_consensus([a, b, c])
+    # (1 + 3 + 2) / 3 = 2, (3 - 1 + 1) / 3 = 1, (0 + 4 - 1) / 3 = 1, (2 + 0 + 1) / 3 = 1
+    assert torch.equal(consensus, torch.tensor([[2.0, 1.0], [1.0, 1.0]]))
+    assert not consensus.requires_grad and consensus.grad_fn is None
+
+
+def test_digest_loss_l1_and_mse_by_hand():
+    logits = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
+    target = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    # differences 1, 2, 2, -2: L1 = (1 + 2 + 2 + 2) / 4 = 1.75, MSE = (1 + 4 + 4 + 4) / 4 = 3.25
+    assert digest_loss(logits, target, "l1").item() == pytest.approx(1.75)
+    assert digest_loss(logits, target, "mse").item() == pytest.approx(3.25)
+    with pytest.raises(ValueError, match="l1"):
+        digest_loss(logits, target, "huber")  # type: ignore[arg-type]
+
+
+def test_digest_gradient_reaches_only_the_student():
+    student = torch.tensor([[1.0, 2.0]], requires_grad=True)
+    other = torch.tensor([[3.0, 0.0]], requires_grad=True)
+    digest_loss(student, logit_consensus([student, other]), "l1").backward()
+    # consensus (2, 1) is a constant: d/dz mean|z - t| = sign(z - t) / 2 = (-0.5, 0.5)
+    assert torch.allclose(student.grad, torch.tensor([[-0.5, 0.5]]))
+    assert other.grad is None
+
+
+def test_kl_to_target_batchmean_by_hand():
+    # student softmax of (0, 0) is (1/2, 1/2); target (1, 0): KL = 1 * ln(1 / 0.5) = ln 2 per row;
+    # target (1/2, 1/2): KL = 0. batchmean over 2 rows: ln 2 / 2
+    student = torch.zeros(2, 2)
+    target = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    assert kl_to_target(student, target).item() == pytest.approx(LN2 / 2)
+
+
+def test_ensemble_distillation_loss_by_hand_with_temperature():
+    # ensemble logits (ln 3, 0): softmax = (3/4, 1/4); student (0, 0): (1/2, 1/2)
+    # KL = 3/4 ln(3/2) + 1/4 ln(1/2) = 0.75 * 0.405465 - 0.25 * 0.693147 = 0.130812
+    ensemble = torch.tensor([[math.log(3.0), 0.0]])
+    student = torch.zeros(1, 2)
+    assert ensemble_distillation_loss(student, ensemble).item() == pytest.approx(0.130812, abs=1e-6)
+    # T = 2 on doubled logits gives the same distributions, times T^2 = 4
+    scaled = ensemble_distillation_loss(student, 2 * ensemble, temperature=2.0)
+    assert scaled.item() == pytest.approx(0.523248, abs=1e-5)
+
+
+def test_symmetric_cross_entropy_on_a_three_class_example():
+    # softmax = (1/2, 1/4, 1/4), label 0
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    labels = torch.tensor([0])
+    # CE = -ln(1/2) = 0.693147
+    # RCE = -(1/2 ln 1 + 1/4 ln 1e-4 + 1/4 ln 1e-4) = -(1/2) ln 1e-4 = 4.605170
+    # SCE = 0.1 * 0.693147 + 1.0 * 4.605170 = 4.674485
+    assert symmetric_cross_entropy(logits, labels).item() == pytest.approx(4.674485, abs=1e-5)
+    # alpha = 1, beta = 0 is plain cross-entropy
+    assert symmetric_cross_entropy(logits, labels, alpha=1.0, beta=0.0).item() == pytest.approx(0.693147, abs=1e-6)
+    # a confident correct prediction: p = (~1, 2e-9, 2e-9), the small ones clamped up to 1e-7,
+    # so RCE = 2 * 1e-7 * (-ln 1e-4) = 2e-7 * 9.210340 = 1.842068e-6
+    confident = torch.tensor([[20.0, 0.0, 0.0]])
+    reverse_only = symmetric_cross_entropy(confident, labels, alpha=0.0, beta=1.0)
+    assert reverse_only.item() == pytest.approx(1.842068e-6, rel=1e-4)
+
+
+def test_weighted_peer_kl_sums_each_peer_separately():
+    student = torch.zeros(1, 2)  # (1/2, 1/2)
+    peer_a = torch.tensor([[math.log(3.0), 0.0]])  # (3/4, 1/4): KL = 0.130812
+    peer_b = torch.zeros(1, 2)  # (1/2, 1/2): KL = 0
+    loss = weighted_peer_kl(student, [peer_a, peer_b], torch.tensor([0.6, 0.4]))
+    # 0.6 * 0.130812 + 0.4 * 0 = 0.078487
+    assert loss.item() == pytest.approx(0.078487, abs=1e-6)
+    with pytest.raises(ValueError, match="one weight per peer"):
+        weighted_peer_kl(student, [peer_a], torch.tensor([0.5, 0.5]))
+
+
+def test_weighted_peer_kl_gradient_stays_with_the_student():
+    student = torch.zeros(1, 2, requires_grad=True)
+    peer = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    weighted_peer_kl(student, [peer], torch.tensor([1.0])).backward()
+    assert student.grad is not None and peer.grad is None
+
+
+def test_client_confidence_weights_from_given_loss_decreases():
+    previous = torch.tensor([2.0, 3.0, 1.0])
+    current = torch.tensor([1.0, 2.0, 1.0])
+    # q = ((2-1)/1, (3-2)/2, 0/1) = (1, 0.5, 0); sum = 1.5
+    # a = 1/2 + 0.5 * (2/3, 1/3, 0) = (0.833333, 0.666667, 0.5)
+    # exp(a) = (2.300976, 1.947734, 1.648721); sum = 5.897431
+    # w = (0.390166, 0.330268, 0.279566)
+    weights = client_confidence_weights(previous, current, beta=0.5)
+    assert torch.allclose(weights, torch.tensor([0.390166, 0.330268, 0.279566], dtype=torch.float64), atol=1e-6)
+    assert weights.sum().item() == pytest.approx(1.0)
+
+
+def test_client_confidence_weights_without_any_change_are_uniform():
+    losses = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    assert torch.allclose(client_confidence_weights(losses, losses), torch.full((4,), 0.25, dtype=torch.float64))
+    with pytest.raises(ValueError, match="K >= 2"):
+        client_confidence_weights(torch.ones(1), torch.ones(1))
+
+
+def test_confident_pseudo_labels_and_masked_loss_by_hand():
+    probs = torch.tensor([[0.9, 0.05, 0.05], [0.5, 0.4, 0.1], [0.02, 0.08, 0.9]])
+    labels, mask = confident_pseudo_labels(probs, threshold=0.85)
+    assert labels.tolist() == [0, 0, 2] and mask.tolist() == [True, False, True]
+    # student softmax (1/2, 1/4, 1/4) on every row: CE(label 0) = ln 2, CE(label 2) = ln 4
+    # masked sum over the whole batch of 3: (ln 2 + ln 4) / 3 = 3 ln 2 / 3 = ln 2
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]])).repeat(3, 1)
+    assert masked_pseudo_label_loss(logits, labels, mask).item() == pytest.approx(LN2, abs=1e-6)
