@@ -143,7 +143,9 @@ def prototype_images(setting: str, extra: list[str], seed: int, out: Path, run_r
     fig.tight_layout()
     fig.savefig(out / "fedktl_digits_images.png", dpi=110)
     plt.close(fig)
-    return {"rounds": [g[0] + 1 for g in grabbed], "client_accuracy_on_images": [round(g[2], 2) for g in grabbed]}
+    result = {"rounds": [g[0] + 1 for g in grabbed], "client_accuracy_on_images": [round(g[2], 2) for g in grabbed]}
+    write_atomic(out / "fedktl_digits_images.json", json.dumps(result) + "\n")
+    return result
 
 
 def _rounds_to_show(rounds: list[int], count: int = 6) -> list[int]:
@@ -234,20 +236,9 @@ def verdicts(results: dict[str, Any], images: dict[str, Any] | None) -> list[tup
     return claims
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--setting", choices=sorted(SETTINGS), default="quick")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--root", type=Path, default=None)
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--only", nargs="*", default=None, help="run only these labels (e.g. practical/fedktl)")
-    parser.add_argument("--extra", nargs="*", default=[])
-    parser.add_argument("--skip_images", action="store_true")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
-    parser.add_argument("--report_only", action="store_true", help="tabulate the runs already complete; run nothing")
-    args = parser.parse_args()
-    root = args.root or REPO / "runs" / "fedktl_digits" / args.setting
-    from fedhet.generators import load_generator  # build the generator artifact once, before the runs
+def ensure_generator() -> None:
+    """Build FedKTL's generator artifact once, before the runs, when it is missing."""
+    from fedhet.generators import load_generator
 
     try:
         load_generator("embedded-stylegan")
@@ -256,15 +247,35 @@ def main() -> None:
 
         if fedhet_main(["pretrain-generator"]) != 0:
             raise SystemExit("fedhet pretrain-generator failed")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="quick")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--root", type=Path, default=None)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", nargs="*", default=None, help="run only these labels (e.g. practical/fedktl)")
+    parser.add_argument("--extra", nargs="*", default=[])
+    parser.add_argument("--skip_images", action="store_true", help="no image-grid run (reuse an earlier grid's numbers if present)")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    parser.add_argument("--report_only", action="store_true", help="tabulate the runs already complete; run nothing")
+    args = parser.parse_args()
+    root = args.root or REPO / "runs" / "fedktl_digits" / args.setting
     runs = plan(args.setting, args.seeds, args.extra)
     if args.only:
         runs = [r for r in runs if r.label in args.only]
     if args.report_only:
         runs = [r for r in runs if (r.run_dir(root) / "summary.json").exists()]
     else:
+        ensure_generator()
         execute(runs, root, args.jobs)
     results = collect(runs, root)
-    images = None if args.skip_images else prototype_images(args.setting, args.extra, args.seeds[0], args.out, root)
+    saved_images = args.out / "fedktl_digits_images.json"
+    if not args.skip_images:
+        images = prototype_images(args.setting, args.extra, args.seeds[0], args.out, root)
+    else:  # reuse the image grid of an earlier run of this script, if there is one
+        images = json.loads(saved_images.read_text()) if saved_images.exists() else None
     serialisable = {label: {**entry, "seeds": [{k: v for k, v in r.items() if k != "curves"} for r in entry["seeds"]]}
                     for label, entry in results.items()}
     write_atomic(args.out / "fedktl_digits.json", json.dumps(
