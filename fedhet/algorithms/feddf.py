@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from fedhet.algorithms.base import Algorithm, Capabilities, ClientModule, OptimizerName
-from fedhet.algorithms.fedmd import PublicDistillationPhase, check_public_phase_args
+from fedhet.algorithms.base import ClientModule, OptimizerName
+from fedhet.algorithms.fedmd import PublicDistillationAlgorithm, PublicDistillationPhase
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import ensemble_distillation_loss, logit_consensus
 
@@ -71,7 +71,7 @@ class FedDFPhase(PublicDistillationPhase):
         return [ensemble_distillation_loss(z, ensemble, self.temperature) for z in logits]
 
 
-class FedDF(Algorithm):
+class FedDF(PublicDistillationAlgorithm):
     """FedDF in its heterogeneous form (every client a student of the ensemble).
 
     Args:
@@ -87,8 +87,6 @@ class FedDF(Algorithm):
         weight_decay: local L2 weight decay.
     """
 
-    capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
-
     def __init__(
         self,
         temperature: float = 1.0,
@@ -102,29 +100,17 @@ class FedDF(Algorithm):
         momentum: float = 0.0,
         weight_decay: float = 1e-5,
     ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        check_public_phase_args("FedDF", public_epochs, public_lr)
+        super().__init__(
+            public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,
+            optimizer, lr, momentum, weight_decay,
+        )
         if temperature <= 0:
             raise ConfigError(f"FedDF: temperature={temperature} must be > 0")
         self.temperature = temperature
-        self.public_epochs = public_epochs
-        self.public_optimizer: OptimizerName = public_optimizer
-        self.public_lr = public_lr
-        self.public_weight_decay = public_weight_decay
-        self.reset_public_optimizer = reset_public_optimizer
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return ClientModule(model, num_classes, **self.optimizer_kwargs())
 
     def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> FedDFPhase:
         return FedDFPhase(
             clients,
             temperature=self.temperature,
-            optimizer=self.public_optimizer,
-            lr=self.public_lr,
-            weight_decay=self.public_weight_decay,
-            reset_optimizer_each_step=self.reset_public_optimizer,
+            **self.public_phase_kwargs(),
         )
-
-    def collaborative_epochs(self) -> int:
-        return self.public_epochs

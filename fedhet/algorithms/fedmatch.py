@@ -46,10 +46,10 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from fedhet.algorithms.base import Algorithm, Capabilities, ClientModule, OptimizerName
-from fedhet.algorithms.fedmd import PublicDistillationPhase, check_public_phase_args
+from fedhet.algorithms.base import ClientModule, OptimizerName
+from fedhet.algorithms.fedmd import PublicDistillationAlgorithm, PublicDistillationPhase
 from fedhet.data.augment import Compose, RandomCropPad, RandomHorizontalFlip
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import confident_pseudo_labels, kl_to_target, masked_pseudo_label_loss
@@ -141,7 +141,7 @@ class FedMatchPhase(PublicDistillationPhase):
         return losses
 
 
-class FedMatch(Algorithm):
+class FedMatch(PublicDistillationAlgorithm):
     """FedMatch adapted to heterogeneous models with public data (approximation; see module docstring).
 
     Args:
@@ -159,8 +159,6 @@ class FedMatch(Algorithm):
         weight_decay: local L2 weight decay.
     """
 
-    capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
-
     def __init__(
         self,
         threshold: float = 0.85,
@@ -176,8 +174,10 @@ class FedMatch(Algorithm):
         momentum: float = 0.0,
         weight_decay: float = 1e-5,
     ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        check_public_phase_args("FedMatch", public_epochs, public_lr)
+        super().__init__(
+            public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,
+            optimizer, lr, momentum, weight_decay,
+        )
         if not 0.0 <= threshold < 1.0:
             raise ConfigError(f"FedMatch: threshold={threshold} must be in [0, 1)")
         if pseudo_label_weight < 0 or consistency_weight < 0:
@@ -185,14 +185,6 @@ class FedMatch(Algorithm):
         self.threshold = threshold
         self.pseudo_label_weight = pseudo_label_weight
         self.consistency_weight = consistency_weight
-        self.public_epochs = public_epochs
-        self.public_optimizer: OptimizerName = public_optimizer
-        self.public_lr = public_lr
-        self.public_weight_decay = public_weight_decay
-        self.reset_public_optimizer = reset_public_optimizer
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return ClientModule(model, num_classes, **self.optimizer_kwargs())
 
     def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> FedMatchPhase:
         return FedMatchPhase(
@@ -200,11 +192,5 @@ class FedMatch(Algorithm):
             threshold=self.threshold,
             pseudo_label_weight=self.pseudo_label_weight,
             consistency_weight=self.consistency_weight,
-            optimizer=self.public_optimizer,
-            lr=self.public_lr,
-            weight_decay=self.public_weight_decay,
-            reset_optimizer_each_step=self.reset_public_optimizer,
+            **self.public_phase_kwargs(),
         )
-
-    def collaborative_epochs(self) -> int:
-        return self.public_epochs

@@ -40,9 +40,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedhet.algorithms.base import (
     Algorithm,
@@ -174,15 +175,59 @@ class FedMDPhase(PublicDistillationPhase):
         return [digest_loss(z, consensus, self.digest) for z in logits]
 
 
-def check_public_phase_args(method: str, public_epochs: int, public_lr: float) -> None:
-    """One-line :class:`ConfigError` for settings no public-data method can run with."""
-    if public_epochs < 0:
-        raise ConfigError(f"{method}: public_epochs={public_epochs} must be >= 0 (0 disables collaboration)")
-    if public_lr <= 0:
-        raise ConfigError(f"{method}: public_lr={public_lr} must be > 0")
+class PublicDistillationAlgorithm(Algorithm):
+    """Base of the methods whose collaboration is a :class:`PublicDistillationPhase` (FedMD,
+    FedDF, RHFL, FedMatch): holds and checks the public-phase settings once, so each method
+    only adds its own loss's arguments.
+
+    Args:
+        public_epochs: passes over the public set per round (0 disables collaboration).
+        public_optimizer: optimizer of the public steps.
+        public_lr: learning rate of the public steps.
+        public_weight_decay: L2 weight decay of the public steps.
+        reset_public_optimizer: new optimizer state for every public batch, as the benchmark code.
+        optimizer, lr, momentum, weight_decay: the local optimizer (:class:`Algorithm`).
+    """
+
+    capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
+
+    def __init__(
+        self,
+        public_epochs: int,
+        public_optimizer: OptimizerName,
+        public_lr: float,
+        public_weight_decay: float,
+        reset_public_optimizer: bool,
+        optimizer: OptimizerName,
+        lr: float,
+        momentum: float,
+        weight_decay: float,
+    ) -> None:
+        super().__init__(optimizer, lr, momentum, weight_decay)
+        if public_epochs < 0:
+            raise ConfigError(f"{self.name}: public_epochs={public_epochs} must be >= 0 (0 disables collaboration)")
+        if public_lr <= 0:
+            raise ConfigError(f"{self.name}: public_lr={public_lr} must be > 0")
+        self.public_epochs = public_epochs
+        self.public_optimizer: OptimizerName = public_optimizer
+        self.public_lr = public_lr
+        self.public_weight_decay = public_weight_decay
+        self.reset_public_optimizer = reset_public_optimizer
+
+    def public_phase_kwargs(self) -> dict[str, Any]:
+        """The :class:`PublicDistillationPhase` optimizer arguments."""
+        return {
+            "optimizer": self.public_optimizer,
+            "lr": self.public_lr,
+            "weight_decay": self.public_weight_decay,
+            "reset_optimizer_each_step": self.reset_public_optimizer,
+        }
+
+    def collaborative_epochs(self) -> int:
+        return self.public_epochs
 
 
-class FedMD(Algorithm):
+class FedMD(PublicDistillationAlgorithm):
     """FedMD (heterogeneous models, unlabelled public data).
 
     Args:
@@ -200,8 +245,6 @@ class FedMD(Algorithm):
         weight_decay: local L2 weight decay.
     """
 
-    capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
-
     def __init__(
         self,
         digest_loss: DigestLoss = "l1",
@@ -216,33 +259,21 @@ class FedMD(Algorithm):
         momentum: float = 0.0,
         weight_decay: float = 1e-5,
     ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        check_public_phase_args("FedMD", public_epochs, public_lr)
+        super().__init__(
+            public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,
+            optimizer, lr, momentum, weight_decay,
+        )
         if digest_loss not in ("l1", "mse"):
             raise ConfigError(f"FedMD: digest_loss={digest_loss!r}; use 'l1' (benchmark code) or 'mse' (paper)")
         if pretrain_rounds < 0:
             raise ConfigError(f"FedMD: pretrain_rounds={pretrain_rounds} must be >= 0")
         self.digest_loss: DigestLoss = digest_loss
-        self.public_epochs = public_epochs
-        self.public_optimizer: OptimizerName = public_optimizer
-        self.public_lr = public_lr
-        self.public_weight_decay = public_weight_decay
-        self.reset_public_optimizer = reset_public_optimizer
         self.pretrain_rounds = pretrain_rounds
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return ClientModule(model, num_classes, **self.optimizer_kwargs())
 
     def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> FedMDPhase:
         return FedMDPhase(
             clients,
             digest=self.digest_loss,
-            optimizer=self.public_optimizer,
-            lr=self.public_lr,
-            weight_decay=self.public_weight_decay,
-            reset_optimizer_each_step=self.reset_public_optimizer,
+            **self.public_phase_kwargs(),
             start_round=self.pretrain_rounds,
         )
-
-    def collaborative_epochs(self) -> int:
-        return self.public_epochs

@@ -56,16 +56,14 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import (
-    Algorithm,
     Batch,
-    Capabilities,
     ClientModule,
     ClientUpload,
     OptimizerName,
     ServerContext,
     ServerPhase,
 )
-from fedhet.algorithms.fedmd import PublicDistillationPhase, check_public_phase_args
+from fedhet.algorithms.fedmd import PublicDistillationAlgorithm, PublicDistillationPhase
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation.payloads import Payload, check_shape
 from fedhet.functional.distillation import client_confidence_weights, symmetric_cross_entropy, weighted_peer_kl
@@ -210,7 +208,7 @@ class ClientConfidenceServer(ServerPhase):
         self.confidence = state["confidence"].clone()
 
 
-class RHFL(Algorithm):
+class RHFL(PublicDistillationAlgorithm):
     """RHFL (heterogeneous models, unlabelled public data, noise-robust local loss).
 
     Args:
@@ -228,7 +226,6 @@ class RHFL(Algorithm):
         weight_decay: local L2 weight decay.
     """
 
-    capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
     upload_type = PrivateLossPayload
     download_type = ClientConfidencePayload
 
@@ -247,18 +244,15 @@ class RHFL(Algorithm):
         momentum: float = 0.0,
         weight_decay: float = 1e-5,
     ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        check_public_phase_args("RHFL", public_epochs, public_lr)
+        super().__init__(
+            public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,
+            optimizer, lr, momentum, weight_decay,
+        )
         if sce_alpha < 0 or sce_beta < 0 or sce_alpha + sce_beta <= 0:
             raise ConfigError(f"RHFL: sce_alpha={sce_alpha}, sce_beta={sce_beta} must be >= 0 and not both 0")
         self.sce_alpha = sce_alpha
         self.sce_beta = sce_beta
         self.ccr_beta = ccr_beta
-        self.public_epochs = public_epochs
-        self.public_optimizer: OptimizerName = public_optimizer
-        self.public_lr = public_lr
-        self.public_weight_decay = public_weight_decay
-        self.reset_public_optimizer = reset_public_optimizer
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         return RHFLClient(model, num_classes, self.sce_alpha, self.sce_beta, **self.optimizer_kwargs())
@@ -269,11 +263,5 @@ class RHFL(Algorithm):
     def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> RHFLPhase:
         return RHFLPhase(
             clients,
-            optimizer=self.public_optimizer,
-            lr=self.public_lr,
-            weight_decay=self.public_weight_decay,
-            reset_optimizer_each_step=self.reset_public_optimizer,
+            **self.public_phase_kwargs(),
         )
-
-    def collaborative_epochs(self) -> int:
-        return self.public_epochs
