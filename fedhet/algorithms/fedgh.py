@@ -28,6 +28,7 @@ dimension through ``feature_dim`` (HtFLlib's ``-fd``).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -80,7 +81,7 @@ class EpochShuffledBatches(Sampler[list[int]]):
         return self.epochs * -(-self.size // self.batch_size)
 
 
-class PrototypeTrainingServer(TrainableServerPhase):
+class PrototypeTrainingServer(TrainableServerPhase, ABC):
     """A server trained each round on the uploaded (class prototype, class) pairs (FedGH, FedTGP).
 
     Subclasses build their trainable parts in :meth:`build` and define :meth:`prototype_loss`.
@@ -116,13 +117,13 @@ class PrototypeTrainingServer(TrainableServerPhase):
         self.feature_dim = int(head["weight"].shape[1])
         self.build(context, head)
 
+    @abstractmethod
     def build(self, context: ServerContext, initial_head: dict[str, Tensor]) -> None:
         """Create the trainable parts once the class count and feature size are known."""
-        raise NotImplementedError(f"{type(self).__name__} must define build()")
 
+    @abstractmethod
     def prototype_loss(self, prototypes: Tensor, labels: Tensor) -> Tensor:
         """The server objective on one batch of uploaded prototypes."""
-        raise NotImplementedError(f"{type(self).__name__} must define prototype_loss()")
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         for upload in uploads:

@@ -38,6 +38,7 @@ Deviations from paper/official code:
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +75,7 @@ class PublicLogitsPayload(Payload):
         check_shape(sender, "logits", self.logits, (batch_size, num_classes))
 
 
-class PublicDistillationPhase(CollaborativePhase):
+class PublicDistillationPhase(CollaborativePhase, ABC):
     """The lock-step frame shared by FedMD, FedDF, RHFL and FedMatch in FCCL+'s benchmark.
 
     Per public batch (one augmented batch for everyone): every participant computes its logits
@@ -113,9 +114,9 @@ class PublicDistillationPhase(CollaborativePhase):
         trainable = [p for p in client.parameters() if p.requires_grad]
         return build_optimizer(trainable, self.public_optimizer, self.public_lr, 0.0, self.public_weight_decay)
 
+    @abstractmethod
     def distillation_losses(self, logits: list[Tensor], x: Tensor) -> list[Tensor]:
-        """One loss per participant from everyone's logits on public batch ``x`` (abstract)."""
-        raise NotImplementedError(f"{type(self).__name__} must define distillation_losses()")
+        """One loss per participant from everyone's logits on public batch ``x``."""
 
     def public_logits(self, x: Tensor) -> list[Tensor]:
         """Every participant's logits on ``x``, validated as the server would receive them."""
