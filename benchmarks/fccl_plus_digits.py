@@ -6,13 +6,19 @@ Every method of the FCCL+ benchmark runs from its shipped config
 * ``paper`` -- the paper's protocol at a reduced image size (reference/fccl-plus.md 9.4
   "cpu-paper-like"): 40 rounds, 20 local epochs, the authors' local batch of 128, private sizes
   150 / 80 / 1500 / 1000 (Tab. V's 150 / 80 for MNIST / USPS; the two large domains are capped by
-  the embedded pools, paper 5000 / 1800), 5,000 public images, 16x16 pixels. About 35 min per
-  run on one CPU core (measured), so ~15 core-hours for 3 seeds; minutes on a GPU (add
-  ``--trainer.accelerator=gpu`` through ``--extra``).
+  the embedded pools, paper 5000 / 1800), 5,000 public images, 16x16 pixels. 23-60 min per run on
+  one CPU core (measured), so ~15 core-hours for the 27 heterogeneous runs of 3 seeds; minutes on
+  a GPU (add ``--trainer.accelerator=gpu`` through ``--extra``).
 * ``long`` -- the paper's 40 rounds x 20 local epochs and batch 128 on the quick setting's data
   (2,000 public images): the budget under which the paper reports its gains (Tab. XIX).
 * ``quick`` -- the protocol scaled to 2 CPU cores: 20 rounds, 5 local epochs, private
   150 / 80 / 500 / 300, 1,000 public images, 300 test images per domain.
+
+Two BASE rows: ``local`` trains on the methods' budget and optimizer (the fair comparison),
+``base_50_epochs`` is the paper's BASE (50 local epochs in all), the reference of its Δ columns.
+The ``*_in_domain_public`` probes (any setting) rerun FedMD, FCCL, FCCL+ and FCCM + FISL with
+unlabeled images of the four client domains as public data: a diagnostic of whether the
+collaborative losses can transfer knowledge across domains at all.
 
 Heterogeneous rows use the CPU family of Tab. VI's roles (ResNet10-tiny, MobileNetV2-tiny,
 ResNet12-tiny, SimpleCNN); the homogeneous rows (Tab. XV) use four ResNet12-tiny. Metrics are
@@ -70,6 +76,10 @@ HETEROGENEOUS = {
     "local": ("configs/experiments/digits/local.yaml", (
         "--method.init_args.optimizer=adam", "--method.init_args.lr=0.001", "--method.init_args.momentum=0.0",
         "--method.init_args.weight_decay=0.00001", "--federation.persist_optimizer_state=false")),
+    # BASE as the paper defines it (spec section 5): 50 epochs of local training in all, evaluated once
+    "base_50_epochs": ("configs/experiments/digits/local.yaml", (
+        "--method.init_args.optimizer=adam", "--method.init_args.lr=0.001", "--method.init_args.momentum=0.0",
+        "--method.init_args.weight_decay=0.00001", "--rounds", "1", "--trainer.max_epochs=50")),
     "fedmd": ("configs/experiments/digits/fedmd.yaml", ()),
     "feddf": ("configs/experiments/digits/feddf.yaml", ()),
     "rhfl": ("configs/experiments/digits/rhfl.yaml", ()),
@@ -90,6 +100,19 @@ ABLATION_RUNS = {
     # the paper-only reading of the collaborative optimizer: one Adam per phase, not one per batch
     "ablation_adam_per_round": (FCCL_PLUS, ("--method.init_args.collaborative_optimizer=per_round",)),
 }
+# ... and a diagnostic the paper does not run: the same methods with unlabeled images of the four
+# client domains as public data (equal shares, drawn from the domains' train pools) instead of
+# photo crops. Not a fair setting (the public set overlaps the private domains); it asks whether
+# the collaborative losses carry knowledge across domains at all when the public images make
+# that possible. If they do not, the implementation is suspect; if they do, the photo-crop
+# public data (or the setting's scale) is what limits transfer.
+IN_DOMAIN_PUBLIC = "--scenario.public=[mnist, uci, mnistm, syn]"
+PROBES = {
+    "fedmd_in_domain_public": ("configs/experiments/digits/fedmd.yaml", (IN_DOMAIN_PUBLIC,)),
+    "fccl_in_domain_public": (FCCL, (IN_DOMAIN_PUBLIC,)),
+    "fccl_plus_in_domain_public": (FCCL_PLUS, (IN_DOMAIN_PUBLIC,)),
+    "fccm_fisl_in_domain_public": (FCCL_PLUS, (IN_DOMAIN_PUBLIC, "--method.init_args.local_distillation=none")),
+}
 # ... and of Table XV (homogeneous, all ResNet12-tiny)
 HOMOGENEOUS = {
     "fedavg": ("configs/experiments/digits/fedavg.yaml", ()),
@@ -105,7 +128,7 @@ def plan(setting: str, seeds: list[int], homogeneous_seeds: list[int], extra: li
     flags = tuple(SETTINGS[setting] + extra)
     runs = []  # seed-major, so an interrupted comparison has every method on the first seeds
     for seed in sorted(set(seeds) | set(homogeneous_seeds)):
-        for group, group_seeds in ((HETEROGENEOUS | ABLATION_RUNS, seeds), (HOMOGENEOUS, homogeneous_seeds)):
+        for group, group_seeds in ((HETEROGENEOUS | ABLATION_RUNS | PROBES, seeds), (HOMOGENEOUS, homogeneous_seeds)):
             runs += [Run(label, config, seed, flags + tuple(method_flags))
                      for label, (config, method_flags) in group.items() if seed in group_seeds]
     return runs
@@ -236,7 +259,23 @@ def report(results: dict[str, Any], setting: str, runs: list[Run], root: Path) -
             *_domain_table(results, list(HOMOGENEOUS), "intra", "↩"),
             "",
         ]
-    lines += _paired_table(results, [m for m in list(HETEROGENEOUS) + list(ABLATION_RUNS) if m != "fccl_plus"])
+    if any(label in results for label in PROBES):
+        probe_rows = ["local"] + [label for pair in zip(["fedmd", "fccl", "fccl_plus", "ablation_fccm_fisl"], PROBES) for label in pair]
+        lines += [
+            "## Diagnostic: unlabeled images of the client domains as public data, inter / intra",
+            "",
+            "Each `*_in_domain_public` row replaces the photo crops by the same number of unlabeled "
+            "images drawn in equal shares from the four domains' train pools; the row above it is the "
+            "same method on photo crops (`ablation_fccm_fisl` keeps FCCL's local objective, "
+            "`fccm_fisl_in_domain_public` has none). Not a fair setting: it asks whether the "
+            "collaborative losses can carry knowledge across domains at all.",
+            "",
+            *_domain_table(results, probe_rows, "inter", "→"),
+            "",
+            *_domain_table(results, probe_rows, "intra", "↩"),
+            "",
+        ]
+    lines += _paired_table(results, [m for m in list(HETEROGENEOUS) + list(ABLATION_RUNS) + list(PROBES) if m != "fccl_plus"])
     if "fccl_plus" in results:
         matrix = results["fccl_plus"]["seeds"][0]["matrix"]
         lines += [f"## FCCL+ client x domain accuracy (seed {results['fccl_plus']['seeds'][0]['seed']}, final round, %)", ""]
@@ -284,7 +323,7 @@ def main() -> None:
         entry["seeds"] = [{k: v for k, v in row.items() if k not in ("curves", "matrix")} for row in entry["seeds"]]
     payload = {"setting": setting_record(args.setting), "results": json_results}
     write_atomic(args.out / f"{page_stem(args.setting)}.json", json.dumps(payload, indent=1) + "\n")
-    series = {label: [row["curves"] for row in entry["seeds"]] for label, entry in results.items() if label in HETEROGENEOUS}
+    series = {label: [row["curves"] for row in entry["seeds"]] for label, entry in results.items() if label in HETEROGENEOUS and label != "base_50_epochs"}
     curves_png(args.out / f"{page_stem(args.setting)}.png", series, ["intra", "inter"], ["intra-domain AVG", "inter-domain AVG"])
     text = report(results, args.setting, runs, root)
     write_atomic(args.out / f"{page_stem(args.setting)}.md", text)

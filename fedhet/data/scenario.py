@@ -114,7 +114,9 @@ class FederatedScenario(LightningDataModule):
         image_size: side of the square images clients see.
         batch_size: client training batch size.
         eval_batch_size: batch size of evaluation loaders.
-        public: registered name of the public (unlabelled) dataset, or ``None``.
+        public: registered name of the public (unlabelled) dataset, a list of names (their
+            pools mixed in equal shares: FCCL+'s public-data study, or an in-domain probe), or
+            ``None``.
         public_size: number of public images (a seeded random subset of the public pool).
         public_batch_size: batch size of the public loader.
         seed: seed of every split, partition and subset.
@@ -135,7 +137,7 @@ class FederatedScenario(LightningDataModule):
         image_size: int,
         batch_size: int,
         eval_batch_size: int,
-        public: str | None,
+        public: str | list[str] | None,
         public_size: int,
         public_batch_size: int,
         seed: int,
@@ -152,6 +154,10 @@ class FederatedScenario(LightningDataModule):
         )
         if public is not None and public_size < 1:
             raise DataError(f"public_size must be >= 1, got {public_size}: or set public: null")
+        if isinstance(public, list) and (not public or len(set(public)) != len(public) or public_size < len(public)):
+            raise DataError(
+                f"public={public} must list distinct dataset names, at most public_size={public_size} of them"
+            )
         self.image_size = image_size
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
@@ -193,17 +199,27 @@ class FederatedScenario(LightningDataModule):
     def _load_public(self) -> TensorData | None:
         if self.public is None:
             return None
-        pool = load_dataset(self.public, self.root, self.data_seed, self.image_size).train
-        if self.public_size > len(pool):
-            raise DataError(
-                f"public_size={self.public_size} exceeds the {len(pool)} images of public "
-                f"dataset {self.public!r}: lower public_size"
-            )
-        rng = np.random.default_rng(derive_seed(self.seed, "public-subset"))
-        subset = pool.subset(np.sort(rng.choice(len(pool), self.public_size, replace=False)))
-        # Labelled sets (cifar100, tiny_imagenet) double as public data: their labels are
-        # dropped so no public-data method can use them by accident (FCCL+ never does).
-        return TensorData(x=subset.x, y=torch.full_like(subset.y, -1))
+        names = [self.public] if isinstance(self.public, str) else list(self.public)
+        # equal shares of public_size per named pool; the first pools take the remainder
+        shares = [self.public_size // len(names) + (i < self.public_size % len(names)) for i in range(len(names))]
+        parts = []
+        for name, share in zip(names, shares):
+            pool = load_dataset(name, self.root, self.data_seed, self.image_size).train
+            if share > len(pool):
+                raise DataError(
+                    f"public_size={self.public_size} asks {share} images of public dataset {name!r}, "
+                    f"which has {len(pool)}: lower public_size"
+                )
+            key = "public-subset" if len(names) == 1 else f"public-subset/{name}"
+            rng = np.random.default_rng(derive_seed(self.seed, key))
+            parts.append(pool.subset(np.sort(rng.choice(len(pool), share, replace=False))).x)
+        # Labelled sets (cifar100, tiny_imagenet, digit domains) double as public data: their
+        # labels are dropped so no public-data method can use them by accident (FCCL+ never does).
+        shapes = {name: tuple(part.shape[1:]) for name, part in zip(names, parts)}
+        if len(set(shapes.values())) > 1:
+            raise DataError(f"public datasets {names} have different image shapes {shapes}: mix datasets of one shape")
+        x = torch.cat(parts)
+        return TensorData(x=x, y=torch.full((len(x),), -1, dtype=torch.long))
 
     @property
     def _state(self) -> _Built:
@@ -435,7 +451,7 @@ class DomainShiftScenario(FederatedScenario):
             splits each domain's remaining pool evenly among its clients.
         val_per_domain: validation images per domain (stratified, disjoint from private data).
         test_per_domain: test images per domain (stratified subset); ``None`` = the full split.
-        public: public dataset name or ``None``.
+        public: public dataset name, a list of names (mixed in equal shares) or ``None``.
         public_size: number of public images.
         image_size: side of the square images.
         batch_size: client training batch size.
@@ -456,7 +472,7 @@ class DomainShiftScenario(FederatedScenario):
         private_sizes: list[int] | None = [150, 80, 1500, 1000],  # noqa: B006 - copied below
         val_per_domain: int = 200,
         test_per_domain: int | None = None,
-        public: str | None = "photos",
+        public: str | list[str] | None = "photos",
         public_size: int = 5000,
         image_size: int = 32,
         batch_size: int = 64,
@@ -595,7 +611,7 @@ class LabelSkewScenario(FederatedScenario):
         global_val_size: held-out global validation images (model selection, never test).
         local_test_fraction: fraction of each client's share used as its local test split.
         local_val_fraction: fraction of each client's local train part used for validation.
-        public: public dataset name or ``None``.
+        public: public dataset name, a list of names (mixed in equal shares) or ``None``.
         public_size: number of public images.
         image_size: side of the square images.
         batch_size: client training batch size.
@@ -619,7 +635,7 @@ class LabelSkewScenario(FederatedScenario):
         global_val_size: int = 250,
         local_test_fraction: float = 0.25,
         local_val_fraction: float = 0.1,
-        public: str | None = None,
+        public: str | list[str] | None = None,
         public_size: int = 5000,
         image_size: int = 32,
         batch_size: int = 64,

@@ -102,6 +102,22 @@ def test_seed_changes_splits_but_not_the_data(embedded: dict[str, DomainSplits])
     assert np.array_equal(first["mnist-test:mnist/test"], other["mnist-test:mnist/test"])  # fixed test split
 
 
+def test_public_list_mixes_pools_in_equal_shares(embedded: dict[str, DomainSplits]) -> None:
+    kwargs = dict(domains=["uci"], private_sizes=[10], public_size=301, image_size=16)
+    mixed = DomainShiftScenario(public=["uci", "photos"], **kwargs).public_data()
+    assert mixed is not None and len(mixed) == 301 and (mixed.y == -1).all()
+    # 151 UCI images first (the remainder goes to the first pool), then 150 photos
+    base = {k: v for k, v in kwargs.items() if k != "public_size"}
+    whole_uci = DomainShiftScenario(public="uci", public_size=1297, **base)
+    uci_pool = {bytes(image.numpy()) for image in whole_uci.public_data().x}
+    assert all(bytes(image.numpy()) in uci_pool for image in mixed.x[:151])
+    photos = DomainShiftScenario(public="photos", public_size=5000, **base)
+    photo_pool = {bytes(image.numpy()) for image in photos.public_data().x}
+    assert all(bytes(image.numpy()) in photo_pool for image in mixed.x[151:])
+    again = DomainShiftScenario(public=["uci", "photos"], **kwargs).public_data()
+    assert torch.equal(mixed.x, again.x)
+
+
 def test_domain_shift_errors(embedded: dict[str, DomainSplits]) -> None:
     with pytest.raises(DataError, match="lower private_sizes, clients_per_domain or val_per_domain"):
         DomainShiftScenario(domains=["mnist"], private_sizes=[900], public=None).setup()
@@ -111,8 +127,10 @@ def test_domain_shift_errors(embedded: dict[str, DomainSplits]) -> None:
         DomainShiftScenario(domains=["svhn"], private_sizes=[10]).setup()
     with pytest.raises(DataError, match="unlabelled and cannot be a client domain"):
         DomainShiftScenario(domains=["photos"], private_sizes=[10], public=None).setup()
-    with pytest.raises(DataError, match="public_size=6000 exceeds"):
+    with pytest.raises(DataError, match="public_size=6000 asks 6000 images of public dataset 'photos', which has"):
         DomainShiftScenario(domains=["uci"], private_sizes=[10], public_size=6000).setup()
+    with pytest.raises(DataError, match="must list distinct dataset names"):
+        DomainShiftScenario(domains=["uci"], private_sizes=[10], public=["uci", "uci"])
     with pytest.raises(DataError, match="test_per_domain=600 exceeds"):
         DomainShiftScenario(domains=["uci"], private_sizes=[10], test_per_domain=600, public=None).setup()
     with pytest.raises(DataError, match="client id 4 out of range"):
