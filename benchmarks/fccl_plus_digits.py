@@ -6,7 +6,7 @@ Every method of the FCCL+ benchmark runs from its shipped config
 * ``paper`` -- the paper's protocol at a reduced image size (reference/fccl-plus.md 9.4
   "cpu-paper-like"): 40 rounds, 20 local epochs, the authors' local batch of 128, private sizes
   150 / 80 / 1500 / 1000 (Tab. V's 150 / 80 for MNIST / USPS; the two large domains are capped by
-  the embedded pools, paper 5000 / 1800), 5,000 public images, 16x16 pixels. 23-60 min per run on
+  the embedded pools, paper 5000 / 1800), 5,000 public images, 16x16 pixels. 30-75 min per run on
   one CPU core (measured), so ~15 core-hours for the 27 heterogeneous runs of 3 seeds; minutes on
   a GPU (add ``--trainer.accelerator=gpu`` through ``--extra``).
 * ``long`` -- the paper's 40 rounds x 20 local epochs and batch 128 on the quick setting's data
