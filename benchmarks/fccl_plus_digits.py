@@ -99,6 +99,8 @@ ABLATION_RUNS = {
     "ablation_kd": (FCCL_PLUS, ("--method.init_args.local_distillation=kd",)),
     # the paper-only reading of the collaborative optimizer: one Adam per phase, not one per batch
     "ablation_adam_per_round": (FCCL_PLUS, ("--method.init_args.collaborative_optimizer=per_round",)),
+    # the authors' linear lr decay off (the baselines keep a constant lr)
+    "ablation_no_lr_decay": (FCCL_PLUS, ("--method.init_args.lr_decay=false",)),
 }
 # ... and a diagnostic the paper does not run: the same methods with unlabeled images of the four
 # client domains as public data (equal shares, drawn from the domains' train pools) instead of
