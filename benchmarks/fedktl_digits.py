@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from comparison import REPO, Run, cell, curves_png, execute, last_mean, load, mean_std, write_atomic
 
 METHODS = ["lg_fedavg", "fedgen", "fedgh", "fml", "fedkd", "fd", "fedproto", "fedtgp", "fedktl"]

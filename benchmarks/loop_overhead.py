@@ -25,13 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms import FedAvg
-from fedhet.algorithms.fedavg import model_weights
+from fedhet.algorithms.common import model_weights
 from fedhet.data import DirichletPartitioner, LabelSkewScenario
 from fedhet.federation import FederationLoop
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 from fedhet.functional import weighted_average
 from fedhet.seeding import derive_seed
-
 
 CLOCK = "cpu"
 

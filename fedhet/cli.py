@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 
 from fedhet.errors import ConfigError, FedhetError
+from fedhet.federation.executors import Executor
 from fedhet.federation.privacy import PayloadNoise
 
 log = logging.getLogger("fedhet")
@@ -44,7 +45,17 @@ class FederationSettings:
         state_store: ``"memory"``, ``"disk"`` (one file per client under the run directory) or
             ``"auto"`` (disk when there are more than ``disk_threshold`` clients).
         disk_threshold: client count above which ``"auto"`` keeps client states on disk.
-        executor: where client steps run; ``"sequential"`` (in-process).
+        executor: where client steps run: ``null`` (sequential, in-process) or an executor class
+            with its arguments, e.g. ``{class_path: fedhet.federation.ProcessExecutor, init_args:
+            {workers: 2}}``.
+        eval_clients: which clients are evaluated: ``"all"``, ``"participants"`` (the round's), a
+            number sampled per evaluation, or ``"auto"`` (all up to 100 clients, participants above).
+        extra_rounds: full-participation rounds after the federated rounds (equal budgets for
+            baselines of methods with a post-federation phase, e.g. FedVTC's).
+        on_invalid_upload: ``"fail"`` (stop, naming the sender) or ``"drop"`` (continue without it,
+            counted in ``comm/dropped_uploads``).
+        upload_norm_bound: refuse uploads whose update norm exceeds this multiple of the round's
+            median, naming the client (``null``: no bound).
         persist_optimizer_state: carry each client's optimizer state (momentum, Adam moments)
             across rounds; off restarts the optimizer every round as HtFLlib does.
         upload_noise: FedPCL-style Gaussian perturbation of every upload (privacy studies,
@@ -58,7 +69,11 @@ class FederationSettings:
         eval_every: int = 1,
         state_store: StateStoreKind = "auto",
         disk_threshold: int = 50,
-        executor: Literal["sequential"] = "sequential",
+        executor: Executor | None = None,
+        eval_clients: Literal["auto", "all", "participants"] | int = "auto",
+        extra_rounds: int = 0,
+        on_invalid_upload: Literal["fail", "drop"] = "fail",
+        upload_norm_bound: float | None = None,
         persist_optimizer_state: bool = True,
         upload_noise: PayloadNoise | None = None,
         download_noise: PayloadNoise | None = None,
@@ -68,6 +83,10 @@ class FederationSettings:
         self.state_store = state_store
         self.disk_threshold = disk_threshold
         self.executor = executor
+        self.eval_clients = eval_clients
+        self.extra_rounds = extra_rounds
+        self.on_invalid_upload = on_invalid_upload
+        self.upload_norm_bound = upload_norm_bound
         self.persist_optimizer_state = persist_optimizer_state
         self.upload_noise = upload_noise
         self.download_noise = download_noise
@@ -79,7 +98,7 @@ def build_parser() -> Any:
 
     from fedhet.algorithms import Algorithm
     from fedhet.data import FederatedScenario
-    from fedhet.federation.trainer import TrainerTemplate
+    from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
     from fedhet.tracking import WandbConfig
 
     parser = ArgumentParser(
@@ -103,6 +122,9 @@ def build_parser() -> Any:
     # to another scenario class chosen in a config.
     parser.add_subclass_arguments(FederatedScenario, "scenario", required=True, help="the federated scenario")
     parser.add_class_arguments(TrainerTemplate, "trainer", help="Trainer template of every client fit")
+    parser.add_class_arguments(
+        ServerTrainerTemplate, "server_trainer", help="Trainer template of trained server stages (budgets are the method's)"
+    )
     parser.add_class_arguments(FederationSettings, "federation", help="round-loop settings")
     parser.add_class_arguments(WandbConfig, "wandb", help="Weights & Biases logging")
     return parser
@@ -196,10 +218,17 @@ def _instantiate(parser: Any, config: Any) -> Any:
         raise ConfigError(f"invalid configuration: {_one_line(str(exc))}") from None
 
 
+def build_objects_from_yaml(config_yaml: str) -> tuple[Any, Any, Any]:
+    """The method, scenario and client Trainer template of a resolved config (how workers rebuild a run)."""
+    parser = build_parser()
+    config = parser.parse_string(config_yaml)
+    objects = _instantiate(parser, config)
+    return objects.method, objects.scenario, objects.trainer
+
+
 def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Build the objects of a parsed config and run the round loop with results files and logging."""
-    from fedhet.federation import DiskStateStore, FederationLoop, MemoryStateStore
-    from fedhet.federation.executors import EXECUTORS
+    from fedhet.federation import DiskStateStore, FederationLoop, MemoryStateStore, RuntimeRecipe
     from fedhet.models import model_for_client, resolve_family
     from fedhet.tracking import ConsoleCallback, RunDirectory, RunDirectoryCallback, WandbCallback
 
@@ -230,8 +259,21 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
         seed=config.seed,
         participation=federation.participation,
         eval_every=federation.eval_every,
+        server_trainer=objects.server_trainer,
         state_store=DiskStateStore(run_path / "clients") if use_disk else MemoryStateStore(),
-        executor=EXECUTORS[federation.executor](),
+        executor=federation.executor,
+        eval_clients=federation.eval_clients,
+        extra_rounds=federation.extra_rounds,
+        on_invalid_upload=federation.on_invalid_upload,
+        upload_norm_bound=federation.upload_norm_bound,
+        recipe=RuntimeRecipe(
+            architectures=tuple(architectures),
+            seed=config.seed,
+            rounds=config.rounds,
+            persist_optimizer_state=federation.persist_optimizer_state,
+            feature_dim=config.feature_dim,
+            config_yaml=resolved_yaml,
+        ),
         persist_optimizer_state=federation.persist_optimizer_state,
         upload_noise=federation.upload_noise,
         download_noise=federation.download_noise,

@@ -4,28 +4,36 @@ from __future__ import annotations
 
 import difflib
 
-from fedhet.algorithms.base import Algorithm, Capabilities, ClientModule, CollaborativePhase, ServerPhase, TrainableServerPhase
+from fedhet.algorithms.base import (
+    Algorithm,
+    Capabilities,
+    ClientModule,
+    CollaborativePhase,
+    ServerPhase,
+    TrainableServerPhase,
+)
 from fedhet.algorithms.fccl import FCCL
 from fedhet.algorithms.fccl_plus import FCCLPlus
 from fedhet.algorithms.fd import FD
+from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.feddf import FedDF
+from fedhet.algorithms.feddf_server import FedDFServer
+from fedhet.algorithms.fedgen import FedGen
+from fedhet.algorithms.fedgh import FedGH
+from fedhet.algorithms.fedkd import FedKD
+from fedhet.algorithms.fedktl import FedKTL
 from fedhet.algorithms.fedmatch import FedMatch
 from fedhet.algorithms.fedmd import FedMD
-from fedhet.algorithms.rhfl import RHFL
-from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fedprox import FedProx
-from fedhet.algorithms.fedproto import FedProto
 from fedhet.algorithms.fedproc import FedProc
+from fedhet.algorithms.fedproto import FedProto
+from fedhet.algorithms.fedprox import FedProx
 from fedhet.algorithms.fedrs import FedRS
-from fedhet.algorithms.moon import MOON
-from fedhet.algorithms.local import Local
-from fedhet.algorithms.fedgen import FedGen
-from fedhet.algorithms.fedkd import FedKD
+from fedhet.algorithms.fedtgp import FedTGP
 from fedhet.algorithms.fml import FML
 from fedhet.algorithms.lg_fedavg import LGFedAvg
-from fedhet.algorithms.fedgh import FedGH
-from fedhet.algorithms.fedtgp import FedTGP
-from fedhet.algorithms.fedktl import FedKTL
+from fedhet.algorithms.local import Local
+from fedhet.algorithms.moon import MOON
+from fedhet.algorithms.rhfl import RHFL
 from fedhet.errors import ConfigError
 
 #: Registry: config name -> Algorithm class. Names are the experiment config file names.
@@ -40,6 +48,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "fd": FD,
     "fedmd": FedMD,
     "feddf": FedDF,
+    "feddf_server": FedDFServer,
     "rhfl": RHFL,
     "fedmatch": FedMatch,
     "fccl": FCCL,
@@ -84,6 +93,7 @@ __all__ = [
     "CollaborativePhase",
     "FedAvg",
     "FedDF",
+    "FedDFServer",
     "FedMD",
     "FedMatch",
     "RHFL",
@@ -97,6 +107,11 @@ __all__ = [
     "FML",
     "FedKD",
     "ServerPhase",
+    "ServerPlugin",
+    "ServerRefinement",
+    "RefineStage",
+    "RunPhase",
+    "LocalStage",
     "TrainableServerPhase",
     "get_algorithm",
     "list_algorithms",

@@ -2,7 +2,7 @@
 
 A method lives in one file, ``fedhet/algorithms/<method>.py``, and defines:
 
-* its payload types (or reuses those in :mod:`fedhet.federation.payloads`);
+* its payload types (or reuses those in :mod:`fedhet.core.payloads`);
 * ``<Method>Client(ClientModule)``: a LightningModule holding one client's model and local
   objective. The round loop calls, per selected client and round, in this order:
   ``load_client_state`` -> ``on_receive(download)`` -> ``Trainer.fit`` (the local budget) ->
@@ -25,7 +25,8 @@ an example.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -34,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.federation.payloads import Payload
-from fedhet.federation.state import copy_state_into
+from fedhet.core.payloads import Payload
+from fedhet.core.state import copy_state_into
+from fedhet.errors import ConfigError
 
 Batch = tuple[Tensor, Tensor]
 OptimizerName = Literal["sgd", "adam", "adamw"]
@@ -70,14 +72,103 @@ class ClientUpload:
 
 
 @dataclass(frozen=True)
+class DataFormat:
+    """The image format every client model sees (what a server needs to build or feed one).
+
+    Attributes:
+        image_size: height and width of the (square) images.
+        channels: image channels.
+        mean: per-channel normalisation mean applied by the scenario.
+        std: per-channel normalisation standard deviation.
+        num_classes: number of classes of the task.
+    """
+
+    image_size: int
+    channels: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    num_classes: int
+
+
+@dataclass(frozen=True)
 class ServerContext:
-    """What a server learns once, before round 0."""
+    """What a server learns once, before the first round.
+
+    Attributes:
+        num_clients: number of clients.
+        num_classes: number of classes.
+        architectures: the registered model name of every client.
+        seed: the experiment seed.
+        initial_client_state: ``(client_id) -> state dict`` of that client's module before training.
+        data_format: the image format (size, channels, normalisation).
+        label_counts: ``[num_clients, num_classes]`` training examples per class of every client,
+            counted once by the runtime from the training splits. A method that uses them says in
+            :attr:`Algorithm.label_counts_uploaded` whether they count as uploaded bytes.
+        model_factory: ``(architecture, seed) -> nn.Module``: a client network of that architecture
+            exactly as the method builds it (channels, classes, feature dimension, wrappers).
+        public_loader: ``(seed) -> loader`` of the scenario's unlabeled public data, or ``None``.
+    """
 
     num_clients: int
     num_classes: int
     architectures: tuple[str, ...]
     seed: int
-    initial_client_state: Any  # callable (client_id) -> client module state dict
+    initial_client_state: Callable[[int], dict[str, Tensor]]
+    data_format: DataFormat | None = None
+    label_counts: Tensor | None = None
+    model_factory: Callable[[str, int], nn.Module] | None = None
+    public_loader: Callable[[int], Iterable[Any]] | None = None
+
+
+@dataclass(frozen=True)
+class LocalStage:
+    """One ordered stage of a client's local update: one lean Trainer fit.
+
+    A client declares its stages in :meth:`ClientModule.local_stages`; the runtime sets
+    :attr:`ClientModule.stage` to the stage's name, fits the module once per stage in order, and
+    carries each stage's optimizer state across rounds separately. ``configure_optimizers``
+    reads ``self.stage`` to return that stage's optimizer(s).
+
+    Attributes:
+        name: the stage's name (``self.stage`` during its fit; ``train/<name>_loss`` in the logs).
+        epochs: local epochs of this stage; with ``steps`` also ``None`` the Trainer template's
+            budget (``trainer.max_epochs`` / ``trainer.max_steps``) applies.
+        steps: optimisation steps of this stage instead of epochs.
+        manual: manual optimisation (the module steps its optimizers in ``training_step`` and
+            returns the detached loss for the runtime's loss accounting).
+    """
+
+    name: str = "local"
+    epochs: int | None = None
+    steps: int | None = None
+    manual: bool = False
+
+
+@dataclass(frozen=True)
+class RunPhase:
+    """A phase of the run before or after the federated rounds (pretraining, fine-tuning ...).
+
+    The loop runs ``rounds`` steps of the phase, each like a round with the phase's name set on
+    every client module (:attr:`ClientModule.phase`) and passed to the server, checkpointed and
+    resumable like rounds and logged with ``phase`` and ``phase_step``.
+
+    Attributes:
+        name: the phase's name, e.g. ``"pretrain"``, ``"finetune"``, ``"extra"``.
+        when: ``"before"`` or ``"after"`` the federated rounds.
+        rounds: steps of this phase.
+        participation: fraction or count of clients per step (``None``: every client).
+        exchange: clients receive downloads and send uploads (``False``: purely local work).
+    """
+
+    name: str
+    when: Literal["before", "after"]
+    rounds: int = 1
+    participation: float | int | None = None
+    exchange: bool = True
+
+
+#: Evaluation targets a method may declare (:attr:`Algorithm.evaluation`).
+EvaluationTarget = Literal["clients", "clients_before_download", "server"]
 
 
 def build_optimizer(
@@ -96,10 +187,15 @@ def build_optimizer(
 class ClientModule(pl.LightningModule):
     """Base LightningModule of a federated client: one model, cross-entropy, one optimizer.
 
-    Subclasses change the local objective in :meth:`training_step` and add the federation hooks
-    they need. The loop reads the mean training loss from :attr:`train_loss_sum` and
-    :attr:`train_steps` rather than through ``self.log``, so client Trainers run without a
-    logger at no per-step logging cost.
+    Subclasses change the local objective in :meth:`local_loss` (or :meth:`training_step`) and
+    add the federation hooks they need. The runtime measures the training loss from what
+    ``training_step`` returns (a callback, so client Trainers run without a logger); trained
+    on its own under a plain ``Trainer`` with a logger, the module logs ``train/loss`` itself.
+
+    Declared state: every sub-module is kept across rounds (stored in the client's state) except
+    those named in :attr:`received_modules`, which the client only receives from the server
+    (FedGen's generator, FedKTL's latent head): they are left out of :meth:`client_state` and
+    left untouched by :meth:`load_client_state`.
 
     Args:
         model: a backbone following the :class:`fedhet.models.FeatureClassifier` contract
@@ -110,6 +206,9 @@ class ClientModule(pl.LightningModule):
         momentum: SGD momentum (ignored by Adam).
         weight_decay: L2 weight decay.
     """
+
+    #: Sub-modules the client receives every round but does not keep (not in its stored state).
+    received_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -127,9 +226,9 @@ class ClientModule(pl.LightningModule):
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
-        self.train_loss_sum = torch.zeros(())
-        self.train_steps = 0
-        # Set by the round loop before each client step (schedules that decay over rounds read them).
+        # Set by the runtime before each fit: the stage being trained, the run phase, the round.
+        self.stage = "local"
+        self.phase = "federation"
         self.round_idx = 0
         self.total_rounds = 1
 
@@ -145,8 +244,8 @@ class ClientModule(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self.local_loss(batch)
-        self.train_loss_sum = self.train_loss_sum.to(loss.device) + loss.detach()
-        self.train_steps += 1
+        if self._trainer is not None and self.trainer.logger is not None:
+            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -157,15 +256,15 @@ class ClientModule(pl.LightningModule):
         x, y = batch
         self.log("test/acc", (self(x).argmax(1) == y).float().mean())
 
-    def on_train_epoch_start(self) -> None:
-        self.train_loss_sum = torch.zeros((), device=self.device)
-        self.train_steps = 0
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainable = [p for p in self.parameters() if p.requires_grad]
         return build_optimizer(trainable, self.optimizer_name, self.lr, self.momentum, self.weight_decay)
 
     # ------------------------------------------------------------------ federation hooks
+    def local_stages(self) -> Sequence[LocalStage]:
+        """The ordered local stages of this client in the current :attr:`phase` (default: one)."""
+        return (LocalStage(),)
+
     def on_receive(self, download: Payload | None) -> None:
         """Take what the server sent this round (``None`` before the server has anything)."""
 
@@ -173,25 +272,36 @@ class ClientModule(pl.LightningModule):
         """What leaves the client after local training; ``train_batches`` is its training set in eval order."""
         return None
 
+    def _is_received(self, key: str) -> bool:
+        return any(key.startswith(name + ".") for name in self.received_modules)
+
     def client_state(self) -> dict[str, Tensor]:
-        """Everything that persists on this client between rounds (default: the module's state dict)."""
-        return self.state_dict()
+        """Everything that persists on this client between rounds: the state dict minus received modules."""
+        state = self.state_dict()
+        if not self.received_modules:
+            return state
+        return {k: v for k, v in state.items() if not self._is_received(k)}
 
     def load_client_state(self, state: Mapping[str, Tensor]) -> None:
-        """Restore what :meth:`client_state` returned."""
+        """Restore what :meth:`client_state` returned (received modules keep their current values)."""
+        if self.received_modules:
+            current = {k: v for k, v in self.state_dict().items() if self._is_received(k)}
+            state = {**dict(state), **current}
         copy_state_into(self, dict(state))
-
-    def mean_train_loss(self) -> float:
-        """Mean loss over the last local epoch (``nan`` when no step ran)."""
-        return float(self.train_loss_sum) / self.train_steps if self.train_steps else float("nan")
 
 
 class ServerPhase:
-    """A closed-form server: it aggregates uploads and prepares each client's download.
+    """A server round: ``aggregate(uploads)`` -> trained :meth:`refine_stages` -> ``download_for``.
 
-    Subclasses keep their state (global weights, global prototypes ...) in tensors and return it
-    from :meth:`state_dict` so that round checkpoints restore it exactly.
+    The closed-form part keeps its state (global weights, global prototypes ...) in tensors and
+    returns it from :meth:`state_dict` so that round checkpoints restore it exactly. Trained parts
+    are :class:`RefineStage` LightningModules the loop fits after ``aggregate`` with the
+    ``server_trainer`` template and the stage's own budget (never the clients' Trainer settings).
+    The loop sets :attr:`phase` to the run phase of the step being aggregated.
     """
+
+    #: The run phase of the current step (``"federation"`` during the rounds).
+    phase: str = "federation"
 
     def setup(self, context: ServerContext) -> None:
         """Called once before round 0 (and again on resume, before ``load_state_dict``)."""
@@ -199,9 +309,20 @@ class ServerPhase:
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         """Fold this round's (validated) uploads into the server state."""
 
+    def refine_stages(self) -> Sequence[RefineStage]:
+        """Trained stages fitted, in order, after :meth:`aggregate` (default: none)."""
+        return ()
+
     def download_for(self, client_id: int) -> Payload | None:
-        """What client ``client_id`` receives at the start of the next round (``None``: nothing)."""
+        """What client ``client_id`` receives at the start of the next round (``None``: nothing).
+
+        The loop asks once per client and round and caches the answer.
+        """
         return None
+
+    def server_models(self) -> dict[str, nn.Module]:
+        """Server-side models evaluated once per evaluation on the global sets (``acc_server``)."""
+        return {}
 
     def metrics(self) -> dict[str, float]:
         """Scalars logged under ``server/`` after the server phase."""
@@ -214,30 +335,115 @@ class ServerPhase:
         """Restore what :meth:`state_dict` returned."""
 
 
-class TrainableServerPhase(pl.LightningModule, ServerPhase):
-    """A server phase trained with its own lean Trainer each round (distillation, generators).
+class RefineStage(pl.LightningModule):
+    """A trained server stage, fitted once per round on server-side data (distillation, generators).
 
-    The loop calls ``aggregate(round, uploads)`` to set the round up, then fits the module on
+    The loop builds a lean Trainer from the ``server_trainer`` template with the budget of
+    :meth:`refine_budget` and fits the stage on :meth:`server_dataloader`; the fit ends when that
+    budget is spent, so a stage never stops Lightning from a hook. A stage whose loader is empty
+    this round (nothing uploaded yet) is skipped.
+    """
+
+    def server_dataloader(self, seed: int) -> Iterable[Any]:
+        """The data the stage trains on this round (public data, noise, synthetic samples)."""
+        raise NotImplementedError(f"{type(self).__name__} must define server_dataloader(seed)")
+
+    def refine_budget(self) -> LocalStage:
+        """The per-round budget: by default one pass over :meth:`server_dataloader`."""
+        return LocalStage(name="refine", epochs=1)
+
+    def should_refine(self) -> bool:
+        """Whether to fit this round (``False`` e.g. before anything was uploaded)."""
+        return True
+
+
+class TrainableServerPhase(RefineStage, ServerPhase):
+    """A server that is its own refine stage (FedGen, FedGH, FedTGP, FedKTL).
+
+    ``aggregate(round, uploads)`` sets the round up, the loop fits the module on
     :meth:`server_dataloader`, then asks :meth:`download_for` for every client.
     """
 
     def setup(self, context: ServerContext | str | None = None, stage: str | None = None) -> None:  # type: ignore[override]
         """The loop's ``setup(context)`` goes to :meth:`setup_server`; Lightning's ``setup(stage)`` hook does nothing."""
         if isinstance(context, ServerContext):
+            self.context = context
             self.setup_server(context)
 
     def setup_server(self, context: ServerContext) -> None:
         """Build the server state from the run's context (once before round 0, and again on resume)."""
 
-    def server_dataloader(self, scenario: Any, seed: int) -> Iterable[Any]:
-        """The data the server trains on this round (public data, noise, synthetic samples)."""
-        raise NotImplementedError(f"{type(self).__name__} must define server_dataloader()")
+    def refine_stages(self) -> Sequence[RefineStage]:
+        return (self,)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         return pl.LightningModule.state_dict(self, *args, **kwargs)
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
         return pl.LightningModule.load_state_dict(self, state, strict=strict, assign=assign)
+
+
+class ServerRefinement(RefineStage):
+    """A refine stage that composes with any base server (a server plugin: FedDF's server, FedFTG).
+
+    :class:`RefinedServer` calls :meth:`attach` once with the base server and the context, then
+    :meth:`begin_round` after every base ``aggregate`` with the round's uploads; the stage trains
+    the base server's models in place (write-back, if any, in ``on_train_end``).
+    """
+
+    def attach(self, base: ServerPhase, context: ServerContext) -> None:
+        """Remember the base server and build what the refinement needs."""
+        self.base = base
+        self.context = context
+
+    def begin_round(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        """Set the round's refinement up from the uploads (teachers, label counts ...)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars logged under ``server/``."""
+        return {}
+
+    def refinement_state(self) -> dict[str, Any]:
+        """What a checkpoint needs to restore the refinement (default: its module state)."""
+        return self.state_dict()
+
+    def load_refinement_state(self, state: Mapping[str, Any]) -> None:
+        self.load_state_dict(dict(state))
+
+
+class RefinedServer(ServerPhase):
+    """A base server followed by a :class:`ServerRefinement` (the composition the plugins use)."""
+
+    def __init__(self, base: ServerPhase, refinement: ServerRefinement) -> None:
+        self.base = base
+        self.refinement = refinement
+
+    def setup(self, context: ServerContext) -> None:
+        self.base.setup(context)
+        self.refinement.attach(self.base, context)
+
+    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        self.base.aggregate(round_idx, uploads)
+        self.refinement.begin_round(round_idx, uploads)
+
+    def refine_stages(self) -> Sequence[RefineStage]:
+        return (*self.base.refine_stages(), self.refinement)
+
+    def download_for(self, client_id: int) -> Payload | None:
+        return self.base.download_for(client_id)
+
+    def server_models(self) -> dict[str, nn.Module]:
+        return self.base.server_models()
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.base.metrics(), **self.refinement.metrics()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base.state_dict(), "refinement": self.refinement.refinement_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.base.load_state_dict(state["base"])
+        self.refinement.load_refinement_state(state["refinement"])
 
 
 class CollaborativePhase(pl.LightningModule):
@@ -251,7 +457,8 @@ class CollaborativePhase(pl.LightningModule):
 
     Attributes:
         exchanged_bytes_up / exchanged_bytes_down: bytes the phase exchanged (per-batch logits,
-            averaged targets ...), added to the round's communication ledger by the loop.
+            averaged targets ...), measured from payloads with :meth:`record_upload` and
+            :meth:`record_download` and added to the round's communication ledger by the loop.
     """
 
     def __init__(self, clients: Sequence[ClientModule]) -> None:
@@ -263,6 +470,15 @@ class CollaborativePhase(pl.LightningModule):
         # Set by the round loop after building the phase (schedules that decay over rounds read them).
         self.round_idx = 0
         self.total_rounds = 1
+
+    def record_upload(self, payload: Payload, sender: str) -> None:
+        """Validate what a participant sends in this phase and count its bytes (measured, as every transfer)."""
+        payload.validate(sender)
+        self.exchanged_bytes_up += payload.nbytes()
+
+    def record_download(self, payload: Payload, receivers: int = 1) -> None:
+        """Count the bytes of what the server sends back to ``receivers`` participants."""
+        self.exchanged_bytes_down += payload.nbytes() * receivers
 
     def collaborative_losses(self, x: Tensor) -> list[Tensor]:
         """One loss per client for public batch ``x`` (unlabeled)."""
@@ -307,6 +523,12 @@ class Algorithm:
     capabilities: ClassVar[Capabilities] = Capabilities()
     upload_type: ClassVar[type[Payload] | None] = None
     download_type: ClassVar[type[Payload] | None] = None
+    #: What the loop evaluates: client models after the download (``"clients"``), before it
+    #: (``"clients_before_download"``, FedMD-CG's L.acc), and the server's models once (``"server"``).
+    evaluation: ClassVar[tuple[EvaluationTarget, ...]] = ("clients",)
+    #: Whether the server's per-client label counts (``ServerContext.label_counts``) count as
+    #: uploaded bytes; they are sent once, before round 0, when they do.
+    label_counts_uploaded: ClassVar[bool] = False
 
     def __init__(
         self, optimizer: OptimizerName = "sgd", lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0
@@ -315,10 +537,19 @@ class Algorithm:
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
+        self.data_format: DataFormat | None = None
 
     @property
     def name(self) -> str:
         return type(self).__name__
+
+    def configure(self, data_format: DataFormat) -> None:
+        """Called by the runtime before any module is built: the scenario's image format."""
+        self.data_format = data_format
+
+    def image_channels(self) -> int:
+        """Channels of the scenario's images (3 before :meth:`configure`; every built-in dataset is RGB)."""
+        return self.data_format.channels if getattr(self, "data_format", None) is not None else 3
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """The client optimizer arguments, passed on to every :class:`ClientModule`."""
@@ -329,7 +560,7 @@ class Algorithm:
         return ClientModule(model, num_classes, **self.optimizer_kwargs())
 
     def build_server(self) -> ServerPhase:
-        """The server phase (closed-form or trainable)."""
+        """The server (closed-form, with trained refine stages, or a composition)."""
         return ServerPhase()
 
     def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> CollaborativePhase | None:
@@ -339,3 +570,70 @@ class Algorithm:
     def collaborative_epochs(self) -> int:
         """Epochs over the public set of the collaborative phase per round (0 when there is none)."""
         return 0
+
+    def phases(self) -> Sequence[RunPhase]:
+        """Run phases before and after the federated rounds (default: none)."""
+        return ()
+
+
+class ServerPlugin(Algorithm):
+    """A server refinement on top of any base method chosen in the config (FedDF's server, FedFTG).
+
+    The base method supplies the clients, their objective, the uploads and the closed-form
+    aggregation; the plugin adds a :class:`ServerRefinement` after it (a :class:`RefinedServer`).
+    One plugin class thus serves every base: ``method: {class_path: FedDFServer, init_args:
+    {base: {class_path: FedProx, init_args: {mu: 0.01}}}}``. The client optimizer settings are
+    the base method's.
+
+    Args:
+        base: the base method (``None``: FedAvg with its defaults).
+        needs_public_data: the refinement trains on the scenario's public data.
+        heterogeneous_models: the refinement allows several architectures (the base averages
+            within each).
+    """
+
+    def __init__(
+        self, base: Algorithm | None = None, needs_public_data: bool = False, heterogeneous_models: bool | None = None
+    ) -> None:
+        if base is None:
+            from fedhet.algorithms.fedavg import FedAvg
+
+            base = FedAvg()
+        if base.collaborative_epochs() > 0:
+            raise ConfigError(f"{type(self).__name__} refines a server, but {base.name} has a lock-step phase")
+        self.base = base
+        caps = base.capabilities
+        self.capabilities = dataclasses.replace(  # type: ignore[misc]
+            caps,
+            needs_public_data=caps.needs_public_data or needs_public_data,
+            heterogeneous_models=caps.heterogeneous_models if heterogeneous_models is None else heterogeneous_models,
+        )
+        self.upload_type = base.upload_type  # type: ignore[misc]
+        self.download_type = base.download_type  # type: ignore[misc]
+        self.evaluation = base.evaluation  # type: ignore[misc]
+        self.label_counts_uploaded = base.label_counts_uploaded  # type: ignore[misc]
+        self.data_format = None
+
+    @property
+    def name(self) -> str:
+        return f"{type(self).__name__}({self.base.name})"
+
+    def configure(self, data_format: DataFormat) -> None:
+        super().configure(data_format)
+        self.base.configure(data_format)
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return self.base.optimizer_kwargs()
+
+    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
+        return self.base.build_client(model, num_classes)
+
+    def build_refinement(self) -> ServerRefinement:
+        """The refine stage added after the base server's aggregation."""
+        raise NotImplementedError(f"{type(self).__name__} must define build_refinement()")
+
+    def build_server(self) -> ServerPhase:
+        return RefinedServer(self.base.build_server(), self.build_refinement())
+
+    def phases(self) -> Sequence[RunPhase]:
+        return self.base.phases()

@@ -18,16 +18,12 @@ Local objective: ``CE + KL(p_prev || p) + KL(p_pre || p)`` at temperature 1 with
 and ``pre`` a frozen model pre-trained on the client's private data.
 Client state kept across rounds: the model, the previous-round snapshot, the pre-trained model
 and a flag saying pretraining is done (so a resumed run never pretrains twice).
-Pretraining (code: before round 1, 50 epochs, Adam 1e-3, cosine to 1e-6): at the start of the
-client's first local fit, on its private training loader; the live model and both teachers
-then start from the pre-trained weights.
+Pretraining (code: before round 1, 50 epochs, Adam 1e-3, cosine to 1e-6): a ``pretrain`` run
+phase before the federated rounds (every client, purely local, logged and checkpointed as its
+own step); the live model and both teachers then start from the pre-trained weights, and every
+client collaborates from round 0 on, as in the code.
 
 Deviations from paper/official code:
-- pretraining runs at the start of a client's first local update, not before the federation:
-  the round loop gives a client its private data only in local fits. A client joins the
-  collaborative phase once it has pretrained, so with full participation round 0 has no
-  collaborative step and collaboration starts in round 1 (the code collaborates in round 0
-  with the pre-trained models).
 - the FCCM target is the plain mean of all participants' current logits, as in ``fccl+/``; the
   conference code's "progressive" target (own previous-round logits in place of own current
   logits) is not offered.
@@ -40,20 +36,30 @@ Deviations from paper/official code:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, CollaborativePhase, OptimizerName
-from fedhet.algorithms.fccl_plus import (
-    CollaborativeOptimizer,
-    CrossCorrelationCollaboration,
-    PreviousModelClient,
+from fedhet.algorithms.base import (
+    Algorithm,
+    Batch,
+    Capabilities,
+    ClientModule,
+    CollaborativePhase,
+    LocalStage,
+    OptimizerName,
+    RunPhase,
 )
-from fedhet.federation.state import copy_state_into
+from fedhet.algorithms.common import PreviousModelClient
+from fedhet.algorithms.fccl_plus import CollaborativeOptimizer, CrossCorrelationCollaboration
+from fedhet.core.state import copy_state_into
 from fedhet.functional import dual_domain_distillation
+
+#: The run phase (and local stage) in which FCCL clients pretrain on their private data.
+PRETRAIN = "pretrain"
 
 
 class FCCLClient(PreviousModelClient):
@@ -100,35 +106,45 @@ class FCCLClient(PreviousModelClient):
     def ready_to_collaborate(self) -> bool:
         return bool(self.pretrained)
 
-    def pretrain(self, batches: Iterable[Batch]) -> None:
-        """Train the live model on private data with CE, then freeze a copy as the intra-domain teacher.
+    # ------------------------------------------------------------------ the "pretrain" run phase
+    def local_stages(self) -> Sequence[LocalStage]:
+        if self.phase == PRETRAIN:
+            return (LocalStage(PRETRAIN, epochs=self.pretrain_epochs),)
+        return super().local_stages()
 
-        The previous-round teacher starts from the same weights (code: ``prev_nets`` are deep
-        copies of the pre-trained nets).
-        """
+    def configure_optimizers(self) -> Any:
+        if self.stage != PRETRAIN:
+            return super().configure_optimizers()
         optimizer = torch.optim.Adam(self.model.parameters(), lr=self.pretrain_lr)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
             optimizer, T_max=max(self.pretrain_epochs, 1), eta_min=self.pretrain_min_lr
         )
-        self.model.train()
-        with torch.enable_grad():
-            for _ in range(self.pretrain_epochs):
-                for x, y in batches:
-                    x, y = x.to(self.device), y.to(self.device)
-                    loss = F.cross_entropy(self.model(x), y)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                schedule.step()
-        self.model.zero_grad(set_to_none=True)
-        copy_state_into(self.pretrained_model, self.model.state_dict())
-        self.snapshot_teacher()
-        self.pretrained.fill_(True)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        if self.stage == PRETRAIN:
+            x, y = batch
+            return F.cross_entropy(self.model(x), y)
+        return super().training_step(batch, batch_idx)
 
     def on_train_start(self) -> None:
-        if not bool(self.pretrained):
-            self.pretrain(self.trainer.train_dataloader)
-        super().on_train_start()
+        if self.stage != PRETRAIN:
+            super().on_train_start()
+
+    def on_train_end(self) -> None:
+        if self.stage != PRETRAIN:
+            super().on_train_end()
+
+    def on_fit_end(self) -> None:
+        """After pretraining (also with zero epochs): freeze the intra-domain teacher, start the previous one.
+
+        The previous-round teacher starts from the same weights (code: ``prev_nets`` are deep
+        copies of the pre-trained nets).
+        """
+        if self.stage == PRETRAIN:
+            copy_state_into(self.pretrained_model, self.model.state_dict())
+            self.snapshot_teacher()
+            self.pretrained.fill_(True)
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
@@ -148,7 +164,7 @@ class FCCL(Algorithm):
         fisl_weight: omega of FCCL+'s FISL added to the collaboration (0: FCCL; 3 gives the
             "FCCM + FISL" row of FCCL+'s ablation Tab. X, which keeps FCCL's local objective).
         similarity_temperature: mu of FISL (used only when ``fisl_weight > 0``).
-        pretrain_epochs: local pretraining epochs before a client's first round (50 in the code).
+        pretrain_epochs: local pretraining epochs of every client before the federation (50 in the code).
         pretrain_lr: initial Adam learning rate of pretraining (1e-3).
         pretrain_min_lr: final learning rate of pretraining's cosine schedule (1e-6).
         teacher_train_mode: run the local teachers in train mode (authors' code) instead of eval.
@@ -229,3 +245,7 @@ class FCCL(Algorithm):
 
     def collaborative_epochs(self) -> int:
         return self.public_epochs
+
+    def phases(self) -> Sequence[RunPhase]:
+        """Local pretraining of every client before the federation (the code's 50 epochs)."""
+        return (RunPhase(PRETRAIN, "before", rounds=1, participation=None, exchange=False),)

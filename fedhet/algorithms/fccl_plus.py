@@ -46,7 +46,6 @@ Deviations from paper/official code:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,9 +64,10 @@ from fedhet.algorithms.base import (
     OptimizerName,
     build_optimizer,
 )
+from fedhet.algorithms.common import PreviousModelClient, TeacherChoice
+from fedhet.core.payloads import Payload, check_shape
+from fedhet.core.state import copy_state_into
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import Payload, check_shape
-from fedhet.federation.state import copy_state_into
 from fedhet.functional import (
     fccm_loss,
     fisl_loss,
@@ -78,7 +78,6 @@ from fedhet.functional import (
     weighted_average,
 )
 
-TeacherChoice = Literal["previous_round", "post_collaboration"]
 LocalDistillation = Literal["fntd", "kd", "none"]
 CollaborativeOptimizer = Literal["fresh_each_step", "per_round"]
 
@@ -102,78 +101,6 @@ class PublicOutputsPayload(Payload):
         check_shape(sender, "logits", self.logits, (batch, num_classes))
         if with_similarity:
             check_shape(sender, "similarity", self.similarity, (batch, batch - 1))
-
-
-class PreviousModelClient(ClientModule):
-    """A client that keeps a frozen snapshot of its own model as a distillation teacher.
-
-    Shared by FCCL+ (FNTD teacher) and FCCL (previous-round KD teacher). The snapshot starts as
-    the initial model and is retaken at the end of every local update (``theta^{e-1}`` in round
-    ``e``), or at its start for Fig. 9's ``theta^e`` ablation. The local learning rate follows
-    the authors' per-round linear decay when ``lr_decay`` is on.
-
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        teacher: ``"previous_round"`` (paper) or ``"post_collaboration"`` (Fig. 9 ablation).
-        teacher_train_mode: run the teacher in train mode as the authors' code does.
-        lr_decay: linear per-round decay of the local learning rate (code).
-        optimizer: local optimizer.
-        lr: local learning rate before decay.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        teacher: TeacherChoice = "previous_round",
-        teacher_train_mode: bool = False,
-        lr_decay: bool = True,
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.teacher_choice: TeacherChoice = teacher
-        self.teacher_train_mode = teacher_train_mode
-        self.lr_decay = lr_decay
-        self.previous_model = copy.deepcopy(model).requires_grad_(False)
-
-    def ready_to_collaborate(self) -> bool:
-        """Whether this client takes part in the collaborative phase (FCCL waits for pretraining)."""
-        return True
-
-    def scheduled_lr(self) -> float:
-        """The local learning rate of this round."""
-        return self.lr * linear_round_decay(self.round_idx, self.total_rounds) if self.lr_decay else self.lr
-
-    def snapshot_teacher(self) -> None:
-        """Copy the live model (weights and buffers) into the frozen teacher."""
-        copy_state_into(self.previous_model, self.model.state_dict())
-
-    @torch.no_grad()
-    def teacher_logits(self, x: Tensor) -> Tensor:
-        self.previous_model.train(self.teacher_train_mode)
-        return self.previous_model(x)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        return build_optimizer(trainable, self.optimizer_name, self.scheduled_lr(), self.momentum, self.weight_decay)
-
-    def on_train_start(self) -> None:
-        # A carried optimizer state restores the lr it was saved with; the schedule wins.
-        for optimizer in self.trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = self.scheduled_lr()
-        if self.teacher_choice == "post_collaboration":
-            self.snapshot_teacher()
-
-    def on_train_end(self) -> None:
-        if self.teacher_choice == "previous_round":
-            self.snapshot_teacher()
 
 
 class FCCLPlusClient(PreviousModelClient):
@@ -307,8 +234,9 @@ class CrossCorrelationCollaboration(CollaborativePhase):
             logits=torch.stack([u.logits for u in uploads]).mean(0),
             similarity=torch.stack([u.similarity for u in uploads]).mean(0),
         )
-        self.exchanged_bytes_up += sum(u.nbytes() for u in uploads)
-        self.exchanged_bytes_down += download.nbytes() * len(uploads)
+        for upload in uploads:
+            self.exchanged_bytes_up += upload.nbytes()  # validated above, where it was made
+        self.record_download(download, receivers=len(uploads))
         for i, (logits, similarity) in outputs.items():
             loss = fccm_loss(
                 logits, download.logits.to(logits.dtype), self.off_diag_weight, self.off_diag_target, self.std_eps

@@ -21,8 +21,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Capabilities, ClientModule, OptimizerName, ServerPhase
-from fedhet.algorithms.fedproto import ClassMeanRegularizedClient, ClassMeanServer, Weighting
-from fedhet.federation.payloads import ClassStatsPayload
+from fedhet.algorithms.common import ClassMeanRegularizedClient, ClassMeanServer, Weighting
+from fedhet.core.payloads import ClassStatsPayload
 
 
 class FDClient(ClassMeanRegularizedClient):

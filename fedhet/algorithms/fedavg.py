@@ -5,7 +5,8 @@ Data", AISTATS 2017 (Algorithm 1, FederatedAveraging).
 
 Upload: the client's model weights (``WeightsPayload``) and its number of training examples.
 Download: the global model weights.
-Server phase: closed-form, ``w <- sum_k n_k / n * w_k`` over the round's participants
+Server phase: closed-form, ``w <- sum_k n_k / n * w_k`` over the round's participants of each
+architecture
 (:func:`fedhet.functional.weighted_average`), BatchNorm buffers included.
 Client state kept across rounds: its optimizer state (momentum), when
 ``federation.persist_optimizer_state`` is on; the weights are overwritten by each download.
@@ -16,64 +17,34 @@ and rounded rather than left undefined.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from torch import nn
 
-from torch import Tensor, nn
-
-from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ClientUpload, ServerContext, ServerPhase
-from fedhet.federation.payloads import Payload, WeightsPayload
-from fedhet.federation.state import copy_state_into
-from fedhet.federation.trainer import clone_state
-from fedhet.functional import weighted_average
-
-MODEL_PREFIX = "model."
+from fedhet.algorithms.base import (
+    Algorithm,
+    Capabilities,
+    ClientModule,
+    ServerPhase,
+)
+from fedhet.algorithms.common import MODEL_PREFIX, SubmoduleAveragingServer, SubmoduleSharingClient
+from fedhet.core.payloads import WeightsPayload
 
 
-def model_weights(module_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The backbone's weights inside a client module's state dict (keys without ``model.``)."""
-    return {k[len(MODEL_PREFIX) :]: v for k, v in module_state.items() if k.startswith(MODEL_PREFIX)}
+class FedAvgClient(SubmoduleSharingClient):
+    """Cross-entropy locally; starts each round from the global model and uploads the whole model."""
+
+    shared_module = "model"
 
 
-class FedAvgClient(ClientModule):
-    """Cross-entropy locally; starts each round from the global model."""
+class FedAvgServer(SubmoduleAveragingServer):
+    """Holds the global model of each architecture; aggregates by example-weighted averaging.
 
-    def on_receive(self, download: Payload | None) -> None:
-        if isinstance(download, WeightsPayload):
-            copy_state_into(self.model, download.weights)
-
-    def make_upload(self, train_batches: Iterable[Batch]) -> WeightsPayload:
-        return WeightsPayload(weights=clone_state(self.model.state_dict()))
-
-
-class FedAvgServer(ServerPhase):
-    """Holds the global model; aggregates by example-weighted averaging."""
+    Uploads are averaged within each architecture (FedDF's per-architecture fusion; with one
+    architecture this is FedAvg). Every client receives its architecture's global model, which is
+    also the server-side model evaluated once per evaluation (``acc_server``).
+    """
 
     def __init__(self) -> None:
-        self.global_weights: dict[str, Tensor] = {}
-
-    def setup(self, context: ServerContext) -> None:
-        self.global_weights = model_weights(context.initial_client_state(0))
-
-    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        if not uploads:
-            return
-        for upload in uploads:
-            assert isinstance(upload.payload, WeightsPayload)
-            upload.payload.validate_against(self.global_weights, f"client {upload.client_id}")
-        self.global_weights = weighted_average(
-            [u.payload.weights for u in uploads],  # type: ignore[attr-defined]
-            [u.payload.num_examples for u in uploads],
-        )
-
-    def download_for(self, client_id: int) -> WeightsPayload:
-        return WeightsPayload(weights=self.global_weights)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"global_weights": self.global_weights}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.global_weights = dict(state["global_weights"])
+        super().__init__(MODEL_PREFIX, "samples", per_architecture=True, send_initial=True)
 
 
 class FedAvg(Algorithm):
@@ -89,6 +60,7 @@ class FedAvg(Algorithm):
     capabilities = Capabilities(heterogeneous_models=False)
     upload_type = WeightsPayload
     download_type = WeightsPayload
+    evaluation = ("clients", "server")
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         return FedAvgClient(model, num_classes, **self.optimizer_kwargs())

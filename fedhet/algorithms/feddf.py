@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from fedhet.algorithms.base import ClientModule, OptimizerName
-from fedhet.algorithms.fedmd import PublicDistillationAlgorithm, PublicDistillationPhase
+from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import ensemble_distillation_loss, logit_consensus
 

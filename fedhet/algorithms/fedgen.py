@@ -53,17 +53,15 @@ from fedhet.algorithms.base import (
     ServerPhase,
     TrainableServerPhase,
 )
-from fedhet.algorithms.fml import state_with_prefix
+from fedhet.algorithms.common import state_with_prefix
+from fedhet.core.payloads import Payload, WeightsPayload, check_shape
+from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import Payload, WeightsPayload, check_shape
-from fedhet.federation.state import copy_state_into
-from fedhet.federation.trainer import clone_state
 from fedhet.functional import diversity_loss, weighted_average
 from fedhet.seeding import derive_seed, seeded
 
 EnsembleWeighting = Literal["label", "samples"]
 HEAD_PREFIX = "model.head."
-GENERATOR_PREFIX = "generator."
 
 
 class FeatureGenerator(nn.Module):
@@ -118,6 +116,8 @@ class FedGenDownload(Payload):
 class FedGenClient(ClientModule):
     """Cross-entropy plus the CE of generator-sampled features through the client's own head.
 
+    The generator is received every round and never kept (:attr:`received_modules`).
+
     Args:
         model: the backbone (its ``head`` is shared).
         num_classes: number of classes.
@@ -128,6 +128,8 @@ class FedGenClient(ClientModule):
         momentum: SGD momentum.
         weight_decay: L2 weight decay.
     """
+
+    received_modules = ("generator",)
 
     def __init__(
         self,
@@ -171,13 +173,6 @@ class FedGenClient(ClientModule):
         for _, y in train_batches:
             counts += torch.bincount(y.cpu(), minlength=self.num_classes)
         return HeadCountsPayload(weights=clone_state(self.model.head.state_dict()), label_counts=counts)
-
-    def client_state(self) -> dict[str, Tensor]:
-        return {k: v for k, v in self.state_dict().items() if not k.startswith(GENERATOR_PREFIX)}
-
-    def load_client_state(self, state: Mapping[str, Tensor]) -> None:
-        generator = {k: v for k, v in self.state_dict().items() if k.startswith(GENERATOR_PREFIX)}
-        copy_state_into(self, {**dict(state), **generator})
 
 
 class FedGenServer(TrainableServerPhase):
@@ -253,7 +248,7 @@ class FedGenServer(TrainableServerPhase):
         self.steps_done = 0
 
     # ------------------------------------------------------------------ generator training
-    def server_dataloader(self, scenario: Any, seed: int) -> DataLoader:
+    def server_dataloader(self, seed: int) -> DataLoader:
         if self.round_counts is None:
             raise TrainingError("FedGen's server was fitted before any upload arrived")
         labels = torch.multinomial(self.round_counts, self.steps * self.batch_size, replacement=True)
@@ -278,10 +273,6 @@ class FedGenServer(TrainableServerPhase):
         if self.diversity_weight != 0.0:
             loss = loss + self.diversity_weight * diversity_loss(noise, features)
         return loss
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
-        # the server Trainer may run several epochs; the generator takes ``steps`` steps per round
-        return -1 if self.steps_done >= self.steps else None
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         loss = self.generator_loss(batch[0])

@@ -58,11 +58,10 @@ from fedhet.algorithms.base import (
     ServerPhase,
     build_optimizer,
 )
-from fedhet.algorithms.fml import SeparatelyClippedClient, SharedWeighting, build_shared_model, state_with_prefix
+from fedhet.algorithms.common import SeparatelyClippedClient, SharedWeighting, build_shared_model, state_with_prefix
+from fedhet.core.payloads import Payload, check_shape
+from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError, TrainingError
-from fedhet.federation.payloads import Payload, check_shape
-from fedhet.federation.state import copy_state_into
-from fedhet.federation.trainer import clone_state
 from fedhet.functional import (
     adaptive_mutual_distillation,
     compress_state,
@@ -273,7 +272,6 @@ class FedKD(Algorithm):
         t_end: SVD energy threshold of the last round (FedKTL App. C: 0.95).
         compressed_quantity: ``"update"`` (paper, official code) or ``"weights"`` (HtFLlib).
         student_weighting: ``"uniform"`` (both codes) or ``"samples"`` averaging of students.
-        shared_in_channels: image channels the student takes (3 for every built-in dataset).
         shared_init_seed: seed of the student initialisation, common to all clients.
         kl_reduction: ``"batchmean"`` (per-sample KL) or ``"mean"`` (HtFLlib's element mean).
         max_grad_norm: per-model gradient clipping norm (HtFLlib: 10); ``None`` turns it off.
@@ -295,7 +293,6 @@ class FedKD(Algorithm):
         t_end: float = 0.95,
         compressed_quantity: CompressedQuantity = "update",
         student_weighting: SharedWeighting = "uniform",
-        shared_in_channels: int = 3,
         shared_init_seed: int = 0,
         kl_reduction: KLReduction = "batchmean",
         max_grad_norm: float | None = 10.0,
@@ -314,14 +311,13 @@ class FedKD(Algorithm):
         self.t_end = t_end
         self.compressed_quantity: CompressedQuantity = compressed_quantity
         self.student_weighting: SharedWeighting = student_weighting
-        self.shared_in_channels = shared_in_channels
         self.shared_init_seed = shared_init_seed
         self.kl_reduction: KLReduction = kl_reduction
         self.max_grad_norm = max_grad_norm
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         student = build_shared_model(
-            self.student_model, num_classes, self.shared_in_channels, self.shared_init_seed, "fedkd-student"
+            self.student_model, num_classes, self.image_channels(), self.shared_init_seed, "fedkd-student"
         )
         return FedKDClient(
             model,

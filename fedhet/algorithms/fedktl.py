@@ -86,9 +86,8 @@ from fedhet.algorithms.base import (
     ServerPhase,
     TrainableServerPhase,
 )
+from fedhet.core.payloads import ClassStatsPayload, Payload, check_shape
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import ClassStatsPayload, Payload, check_shape
-from fedhet.federation.state import copy_state_into
 from fedhet.functional import arcface_logits, class_means, etf_cosines, rbf_mmd2, simplex_etf, unit_class_prototypes
 from fedhet.seeding import derive_seed, seeded
 
@@ -100,7 +99,6 @@ log = logging.getLogger("fedhet")
 PrototypeMode = Literal["unit", "mean"]
 CentroidMode = Literal["learned_table", "exact_mean"]
 
-LATENT_HEAD_PREFIX = "latent_head."
 GENERATOR_PREFIX = "generator."
 SYNTHESIS_CHUNK = 32  # images synthesised per generator call (memory only; the code uses 4)
 
@@ -203,6 +201,9 @@ class FedKTLClient(ClientModule):
         weight_decay: L2 weight decay.
     """
 
+    #: ``h'_i`` is re-initialised from a shared seed every round (the code), never kept.
+    received_modules = ("latent_head",)
+
     def __init__(
         self,
         model: nn.Module,
@@ -265,14 +266,6 @@ class FedKTLClient(ClientModule):
             self.pair_images = self.pair_images.to(self.device)
             self.pair_latents = self.pair_latents.to(self.device)
         self._pair_order, self._pair_cursor = None, 0
-
-    def client_state(self) -> dict[str, Tensor]:
-        return {k: v for k, v in self.state_dict().items() if not k.startswith(LATENT_HEAD_PREFIX)}
-
-    def load_client_state(self, state: Mapping[str, Tensor]) -> None:
-        full = dict(state)
-        full.update({k: v for k, v in self.state_dict().items() if k.startswith(LATENT_HEAD_PREFIX)})
-        copy_state_into(self, full)
 
     # ------------------------------------------------------------------ objective
     def embed(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -486,14 +479,15 @@ class FedKTLServer(TrainableServerPhase):
         self.centroids.weight[present] = means[present]
         return present
 
-    def server_dataloader(self, scenario: Any, seed: int) -> Iterable[Any]:
+    def server_dataloader(self, seed: int) -> Iterable[Any]:
         """``E_S`` shuffled passes of minibatch index sets over this round's prototypes (size-1 batches dropped).
 
         Also records the scenario's image size, channels and normalisation for the generated images.
         """
-        self.image_spec = (
-            int(scenario.image_size), int(scenario.in_channels), tuple(scenario.mean), tuple(scenario.std)
-        )
+        data_format = self.context.data_format
+        if data_format is None:
+            raise TrainingError("FedKTL's server needs the scenario's image format in its context")
+        self.image_spec = (data_format.image_size, data_format.channels, data_format.mean, data_format.std)
         order_rng = torch.Generator().manual_seed(seed)
         batches = []
         for _ in range(self.epochs):
@@ -541,10 +535,6 @@ class FedKTLServer(TrainableServerPhase):
         if self.grad_clip_norm is not None:
             nn.utils.clip_grad_norm_(self.transformer.parameters(), self.grad_clip_norm)
             nn.utils.clip_grad_norm_(self.centroids.parameters(), self.grad_clip_norm)
-
-    def on_train_epoch_end(self) -> None:
-        # All E_S passes are one Lightning epoch; more would re-run them.
-        self.trainer.should_stop = True
 
     # ------------------------------------------------------------------ steps 5c and 6
     def on_train_end(self) -> None:

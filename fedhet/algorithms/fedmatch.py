@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedhet.algorithms.base import ClientModule, OptimizerName
-from fedhet.algorithms.fedmd import PublicDistillationAlgorithm, PublicDistillationPhase
+from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
 from fedhet.data.augment import Compose, RandomCropPad, RandomHorizontalFlip
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import confident_pseudo_labels, kl_to_target, masked_pseudo_label_loss

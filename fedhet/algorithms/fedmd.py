@@ -37,112 +37,19 @@ Deviations from paper/official code:
 
 from __future__ import annotations
 
-import dataclasses
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
-import torch
 from torch import Tensor
 
 from fedhet.algorithms.base import (
-    Algorithm,
-    Batch,
-    Capabilities,
     ClientModule,
-    CollaborativePhase,
     OptimizerName,
-    build_optimizer,
 )
+from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
 from fedhet.errors import ConfigError
-from fedhet.federation.payloads import Payload, check_shape
 from fedhet.functional.distillation import DigestLoss, digest_loss, logit_consensus
 
 #: Logits and targets cross the network as float32, whatever precision a client trains in.
-FLOAT32_BYTES = 4
-
-
-@dataclass(frozen=True)
-class PublicLogitsPayload(Payload):
-    """One participant's logits on one public batch, as the server of a lock-step method receives them."""
-
-    logits: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, 0))
-
-    def validate_shape(self, batch_size: int, num_classes: int, sender: str = "client") -> None:
-        """Reject non-finite values and any shape other than ``[batch_size, num_classes]``."""
-        self.validate(sender)
-        check_shape(sender, "logits", self.logits, (batch_size, num_classes))
-
-
-class PublicDistillationPhase(CollaborativePhase, ABC):
-    """The lock-step frame shared by FedMD, FedDF, RHFL and FedMatch in FCCL+'s benchmark.
-
-    Per public batch (one augmented batch for everyone): every participant computes its logits
-    in train mode; they are validated and counted as uploads; :meth:`distillation_losses`
-    builds one loss per participant from detached targets (one ``|B0| x C`` target per
-    participant is counted as its download); each participant takes one step with its own
-    optimizer.
-
-    Args:
-        clients: the round's participating client modules.
-        optimizer: optimizer of the collaborative steps.
-        lr: learning rate of the collaborative steps.
-        weight_decay: L2 weight decay of the collaborative steps.
-        reset_optimizer_each_step: clear the optimizer state before every step, reproducing the
-            benchmark code's new optimizer per public batch (Adam then takes sign-like steps).
-        start_round: rounds before this one skip collaboration (local-only warm-up).
-    """
-
-    def __init__(
-        self,
-        clients: Sequence[ClientModule],
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        reset_optimizer_each_step: bool = True,
-        start_round: int = 0,
-    ) -> None:
-        super().__init__(clients)
-        self.public_optimizer: OptimizerName = optimizer
-        self.public_lr = lr
-        self.public_weight_decay = weight_decay
-        self.reset_optimizer_each_step = reset_optimizer_each_step
-        self.start_round = start_round
-
-    def client_optimizer(self, client: ClientModule) -> torch.optim.Optimizer:
-        trainable = [p for p in client.parameters() if p.requires_grad]
-        return build_optimizer(trainable, self.public_optimizer, self.public_lr, 0.0, self.public_weight_decay)
-
-    @abstractmethod
-    def distillation_losses(self, logits: list[Tensor], x: Tensor) -> list[Tensor]:
-        """One loss per participant from everyone's logits on public batch ``x``."""
-
-    def public_logits(self, x: Tensor) -> list[Tensor]:
-        """Every participant's logits on ``x``, validated as the server would receive them."""
-        logits = []
-        for index, client in enumerate(self.clients):
-            z = client(x)
-            upload = PublicLogitsPayload(logits=z.detach())
-            upload.validate_shape(x.shape[0], client.num_classes, f"participant {index}")
-            logits.append(z)
-        return logits
-
-    def collaborative_losses(self, x: Tensor) -> list[Tensor]:
-        logits = self.public_logits(x)
-        logit_bytes = sum(z.numel() for z in logits) * FLOAT32_BYTES
-        self.exchanged_bytes_up += logit_bytes  # every participant's logits
-        self.exchanged_bytes_down += logit_bytes  # one target of the same shape per participant
-        return self.distillation_losses(logits, x)
-
-    def training_step(self, batch: Batch, batch_idx: int) -> None:
-        if self.round_idx < self.start_round:
-            return
-        if self.reset_optimizer_each_step:
-            optimizers = self.optimizers()
-            for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
-                getattr(optimizer, "optimizer", optimizer).state.clear()
-        super().training_step(batch, batch_idx)
 
 
 class FedMDPhase(PublicDistillationPhase):
@@ -174,58 +81,6 @@ class FedMDPhase(PublicDistillationPhase):
     def distillation_losses(self, logits: list[Tensor], x: Tensor) -> list[Tensor]:
         consensus = logit_consensus(logits)
         return [digest_loss(z, consensus, self.digest) for z in logits]
-
-
-class PublicDistillationAlgorithm(Algorithm):
-    """Base of the methods whose collaboration is a :class:`PublicDistillationPhase` (FedMD,
-    FedDF, RHFL, FedMatch): holds and checks the public-phase settings once, so each method
-    only adds its own loss's arguments.
-
-    Args:
-        public_epochs: passes over the public set per round (0 disables collaboration).
-        public_optimizer: optimizer of the public steps.
-        public_lr: learning rate of the public steps.
-        public_weight_decay: L2 weight decay of the public steps.
-        reset_public_optimizer: new optimizer state for every public batch, as the benchmark code.
-        optimizer, lr, momentum, weight_decay: the local optimizer (:class:`Algorithm`).
-    """
-
-    capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
-
-    def __init__(
-        self,
-        public_epochs: int,
-        public_optimizer: OptimizerName,
-        public_lr: float,
-        public_weight_decay: float,
-        reset_public_optimizer: bool,
-        optimizer: OptimizerName,
-        lr: float,
-        momentum: float,
-        weight_decay: float,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        if public_epochs < 0:
-            raise ConfigError(f"{self.name}: public_epochs={public_epochs} must be >= 0 (0 disables collaboration)")
-        if public_lr <= 0:
-            raise ConfigError(f"{self.name}: public_lr={public_lr} must be > 0")
-        self.public_epochs = public_epochs
-        self.public_optimizer: OptimizerName = public_optimizer
-        self.public_lr = public_lr
-        self.public_weight_decay = public_weight_decay
-        self.reset_public_optimizer = reset_public_optimizer
-
-    def public_phase_kwargs(self) -> dict[str, Any]:
-        """The :class:`PublicDistillationPhase` optimizer arguments."""
-        return {
-            "optimizer": self.public_optimizer,
-            "lr": self.public_lr,
-            "weight_decay": self.public_weight_decay,
-            "reset_optimizer_each_step": self.reset_public_optimizer,
-        }
-
-    def collaborative_epochs(self) -> int:
-        return self.public_epochs
 
 
 class FedMD(PublicDistillationAlgorithm):

@@ -47,11 +47,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, OptimizerName, ServerContext, ServerPhase
+from fedhet.algorithms.common import Weighting
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
-from fedhet.algorithms.fedproto import Weighting
+from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
+from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError, TrainingError
-from fedhet.federation.payloads import ClassStatsPayload, Payload, WeightsPayload
-from fedhet.federation.trainer import clone_state
 from fedhet.functional import aggregate_class_means, class_means, fedproc_alpha, prototypical_contrastive_loss
 
 AlphaSchedule = Literal["linear", "constant"]
@@ -195,12 +195,12 @@ class FedProcServer(FedAvgServer):
     def download_for(self, client_id: int) -> WeightsAndPrototypesPayload:
         if self.global_prototypes is None or self.present is None:
             return WeightsAndPrototypesPayload(
-                weights=self.global_weights,
+                weights=self.weights_for(client_id),
                 prototypes=torch.zeros(self.num_classes, 0),
                 counts=torch.zeros(self.num_classes, dtype=torch.long),
             )
         return WeightsAndPrototypesPayload(
-            weights=self.global_weights, prototypes=self.global_prototypes, counts=self.present.long()
+            weights=self.weights_for(client_id), prototypes=self.global_prototypes, counts=self.present.long()
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule, OptimizerName
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
-from fedhet.federation.payloads import Payload, WeightsPayload
+from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import proximal_term
 
 

@@ -50,10 +50,9 @@ from fedhet.algorithms.base import (
     OptimizerName,
     ServerContext,
 )
-from fedhet.algorithms.fedgh import PrototypeTrainingServer
-from fedhet.algorithms.fedproto import FedProtoClient
+from fedhet.algorithms.common import FedProtoClient, PrototypeTrainingServer
+from fedhet.core.payloads import ClassStatsPayload
 from fedhet.errors import ConfigError
-from fedhet.federation.payloads import ClassStatsPayload
 from fedhet.functional import (
     adaptive_margin,
     aggregate_class_means,

@@ -30,10 +30,8 @@ not provided.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Iterator
 
-import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import (
@@ -41,61 +39,22 @@ from fedhet.algorithms.base import (
     Batch,
     Capabilities,
     ClientModule,
-    ClientUpload,
     OptimizerName,
-    ServerContext,
     ServerPhase,
 )
-from fedhet.algorithms.fedavg import FedAvgServer
-from fedhet.federation.payloads import Payload, WeightsPayload
-from fedhet.federation.state import copy_state_into
-from fedhet.federation.trainer import clone_state
-from fedhet.functional import mutual_learning_losses, weighted_average
+from fedhet.algorithms.common import (
+    SeparatelyClippedClient,
+    SharedWeighting,
+    SubmoduleAveragingServer,
+    SubmoduleSharingClient,
+    build_shared_model,
+)
+from fedhet.core.payloads import WeightsPayload
+from fedhet.functional import mutual_learning_losses
 from fedhet.functional.mutual_learning import KLReduction
-from fedhet.seeding import derive_seed
-
-SharedWeighting = Literal["samples", "uniform"]
 
 
-def build_shared_model(name: str, num_classes: int, in_channels: int, seed: int, purpose: str) -> nn.Module:
-    """A registered model initialised identically on every client (the seed is not per client).
-
-    Shared auxiliary models (FML's meme, FedKD's student) are averaged across clients, so they
-    must start from one initialisation; :func:`fedhet.models.create_model` draws it under its own
-    seed without touching the global RNG.
-    """
-    from fedhet.models import create_model
-
-    return create_model(name, num_classes=num_classes, in_channels=in_channels, seed=derive_seed(seed, purpose, name))
-
-
-def state_with_prefix(module_state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The entries of a client module's state dict under ``prefix`` (``"meme."``), prefix removed."""
-    return {k[len(prefix) :]: v for k, v in module_state.items() if k.startswith(prefix)}
-
-
-class SeparatelyClippedClient(ClientModule):
-    """A client holding several models whose gradient norms are clipped one model at a time (HtFLlib).
-
-    Subclasses set ``max_grad_norm`` (``None``: off) and yield one parameter list per model
-    from :meth:`clip_groups`; Lightning's own ``gradient_clip_val`` still applies afterwards.
-    """
-
-    max_grad_norm: float | None = None
-
-    def clip_groups(self) -> Iterator[list[Tensor]]:
-        yield list(self.parameters())
-
-    def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
-    ) -> None:
-        if self.max_grad_norm is not None:
-            for group in self.clip_groups():
-                torch.nn.utils.clip_grad_norm_(group, self.max_grad_norm)
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-
-class FMLClient(SeparatelyClippedClient):
+class FMLClient(SubmoduleSharingClient, SeparatelyClippedClient):
     """The private model and the meme model, trained by deep mutual learning on each batch.
 
     Args:
@@ -111,6 +70,8 @@ class FMLClient(SeparatelyClippedClient):
         momentum: SGD momentum.
         weight_decay: L2 weight decay.
     """
+
+    shared_module = "meme"
 
     def __init__(
         self,
@@ -145,16 +106,10 @@ class FMLClient(SeparatelyClippedClient):
         yield list(self.model.parameters())
         yield list(self.meme.parameters())
 
-    def on_receive(self, download: Payload | None) -> None:
-        if isinstance(download, WeightsPayload):
-            copy_state_into(self.meme, download.weights)
-
-    def make_upload(self, train_batches: Iterable[Batch]) -> WeightsPayload:
-        return WeightsPayload(weights=clone_state(self.meme.state_dict()))
 
 
-class SharedModelServer(FedAvgServer):
-    """FedAvg of one shared sub-module of the client modules (FML's meme).
+class SharedModelServer(SubmoduleAveragingServer):
+    """FedAvg of one shared sub-module of the client modules, one average over every client (FML's meme).
 
     Args:
         prefix: where the shared model sits in a client module's state dict (``"meme."``).
@@ -162,21 +117,7 @@ class SharedModelServer(FedAvgServer):
     """
 
     def __init__(self, prefix: str, weighting: SharedWeighting = "samples") -> None:
-        super().__init__()
-        self.prefix = prefix
-        self.weighting: SharedWeighting = weighting
-
-    def setup(self, context: ServerContext) -> None:
-        self.global_weights = state_with_prefix(context.initial_client_state(0), self.prefix)
-
-    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        if not uploads:
-            return
-        for upload in uploads:
-            assert isinstance(upload.payload, WeightsPayload)
-            upload.payload.validate_against(self.global_weights, f"client {upload.client_id}")
-        weights = [u.payload.num_examples if self.weighting == "samples" else 1 for u in uploads]
-        self.global_weights = weighted_average([u.payload.weights for u in uploads], weights)  # type: ignore[attr-defined]
+        super().__init__(prefix, weighting, per_architecture=False, send_initial=True)
 
 
 class FML(Algorithm):
@@ -186,7 +127,6 @@ class FML(Algorithm):
         alpha: weight of the private model's cross-entropy (FedKTL App. C: 0.5).
         beta: weight of the meme model's cross-entropy (FedKTL App. C: 0.5).
         meme_model: registered model name of the shared meme (FedKTL: the smallest zoo model).
-        shared_in_channels: image channels the meme model takes (3 for every built-in dataset).
         shared_init_seed: seed of the meme initialisation, common to all clients.
         kl_reduction: ``"batchmean"`` (per-sample KL) or ``"mean"`` (HtFLlib's element mean).
         meme_weighting: ``"samples"`` (FedAvg) or ``"uniform"`` (HtFLlib) averaging of memes.
@@ -206,7 +146,6 @@ class FML(Algorithm):
         alpha: float = 0.5,
         beta: float = 0.5,
         meme_model: str = "simple_cnn",
-        shared_in_channels: int = 3,
         shared_init_seed: int = 0,
         kl_reduction: KLReduction = "batchmean",
         meme_weighting: SharedWeighting = "samples",
@@ -220,14 +159,13 @@ class FML(Algorithm):
         self.alpha = alpha
         self.beta = beta
         self.meme_model = meme_model
-        self.shared_in_channels = shared_in_channels
         self.shared_init_seed = shared_init_seed
         self.kl_reduction: KLReduction = kl_reduction
         self.meme_weighting: SharedWeighting = meme_weighting
         self.max_grad_norm = max_grad_norm
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        meme = build_shared_model(self.meme_model, num_classes, self.shared_in_channels, self.shared_init_seed, "fml-meme")
+        meme = build_shared_model(self.meme_model, num_classes, self.image_channels(), self.shared_init_seed, "fml-meme")
         return FMLClient(
             model,
             num_classes,

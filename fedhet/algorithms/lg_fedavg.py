@@ -21,76 +21,33 @@ linear neck).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-from torch import Tensor, nn
+from torch import nn
 
 from fedhet.algorithms.base import (
     Algorithm,
-    Batch,
     Capabilities,
     ClientModule,
-    ClientUpload,
-    ServerContext,
     ServerPhase,
 )
-from fedhet.algorithms.fedavg import model_weights
-from fedhet.federation.payloads import Payload, WeightsPayload
-from fedhet.federation.state import copy_state_into
-from fedhet.federation.trainer import clone_state
-from fedhet.functional import weighted_average
-
-HEAD_PREFIX = "head."
+from fedhet.algorithms.common import HEAD_PREFIX, SubmoduleAveragingServer, SubmoduleSharingClient
+from fedhet.core.payloads import WeightsPayload
 
 
-def head_weights(module_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The classifier head's weights inside a client module's state dict (keys without ``model.head.``)."""
-    return {k[len(HEAD_PREFIX) :]: v for k, v in model_weights(module_state).items() if k.startswith(HEAD_PREFIX)}
-
-
-class LGFedAvgClient(ClientModule):
+class LGFedAvgClient(SubmoduleSharingClient):
     """Cross-entropy locally; swaps the global head into its own model at each round start."""
 
-    def on_receive(self, download: Payload | None) -> None:
-        if isinstance(download, WeightsPayload):
-            copy_state_into(self.model.head, download.weights)
-
-    def make_upload(self, train_batches: Iterable[Batch]) -> WeightsPayload:
-        return WeightsPayload(weights=clone_state(self.model.head.state_dict()))
+    shared_module = "model.head"
 
 
-class LGFedAvgServer(ServerPhase):
-    """Holds the global head; aggregates the participants' heads by example-weighted averaging."""
+class LGFedAvgServer(SubmoduleAveragingServer):
+    """Holds the global head; aggregates the participants' heads by example-weighted averaging.
+
+    Client 0's initial head only fixes the expected keys and shapes; it is never sent: clients keep
+    their own head until the first average exists.
+    """
 
     def __init__(self) -> None:
-        self.reference: dict[str, Tensor] = {}
-        self.global_head: dict[str, Tensor] | None = None
-
-    def setup(self, context: ServerContext) -> None:
-        # Client 0's initial head only fixes the expected keys and shapes; it is never sent.
-        self.reference = head_weights(context.initial_client_state(0))
-
-    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        if not uploads:
-            return
-        for upload in uploads:
-            assert isinstance(upload.payload, WeightsPayload)
-            upload.payload.validate_against(self.reference, f"client {upload.client_id}")
-        self.global_head = weighted_average(
-            [u.payload.weights for u in uploads],  # type: ignore[attr-defined]
-            [u.payload.num_examples for u in uploads],
-        )
-
-    def download_for(self, client_id: int) -> WeightsPayload | None:
-        return None if self.global_head is None else WeightsPayload(weights=self.global_head)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {} if self.global_head is None else {"global_head": self.global_head}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        head = state.get("global_head")
-        self.global_head = None if head is None else dict(head)
+        super().__init__("model." + HEAD_PREFIX, "samples", per_architecture=False, send_initial=False)
 
 
 class LGFedAvg(Algorithm):

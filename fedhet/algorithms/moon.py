@@ -40,9 +40,9 @@ from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule, OptimizerName
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
+from fedhet.core.payloads import Payload, WeightsPayload
+from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError
-from fedhet.federation.payloads import Payload, WeightsPayload
-from fedhet.federation.state import copy_state_into
 from fedhet.functional import model_contrastive_loss
 
 

@@ -63,9 +63,9 @@ from fedhet.algorithms.base import (
     ServerContext,
     ServerPhase,
 )
-from fedhet.algorithms.fedmd import PublicDistillationAlgorithm, PublicDistillationPhase
+from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
+from fedhet.core.payloads import Payload, check_shape
 from fedhet.errors import ConfigError, TrainingError
-from fedhet.federation.payloads import Payload, check_shape
 from fedhet.functional.distillation import client_confidence_weights, symmetric_cross_entropy, weighted_peer_kl
 
 

@@ -1,37 +1,35 @@
-"""The round loop, client state, payloads, executors and the communication ledger.
+"""The round loop, client state stores, executors and the communication ledger.
 
-Names are imported lazily: method files import :mod:`fedhet.federation.payloads` while the loop
-imports the method contract, and lazy access keeps that from becoming an import cycle.
+Everything here sits above the method contract (:mod:`fedhet.algorithms.base`) and the shared
+layer beneath it (:mod:`fedhet.core`: payloads and state helpers), so imports are plain.
 """
 
-from __future__ import annotations
+from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
+from fedhet.federation.executors import EXECUTORS, Executor, ProcessExecutor, SequentialExecutor
+from fedhet.federation.ledger import CommunicationLedger
+from fedhet.federation.loop import FederationLoop, check_compatibility
+from fedhet.federation.runtime import ClientResult, ClientRuntime, ClientTask, RuntimeRecipe
+from fedhet.federation.state import ClientStateStore, DiskStateStore, MemoryStateStore
+from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
 
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "EXECUTORS": "executors",
-    "Executor": "executors",
-    "SequentialExecutor": "executors",
-    "CommunicationLedger": "ledger",
-    "FederationLoop": "loop",
-    "check_compatibility": "loop",
-    "ClassStatsPayload": "payloads",
-    "Payload": "payloads",
-    "WeightsPayload": "payloads",
-    "ClientResult": "runtime",
-    "ClientRuntime": "runtime",
-    "ClientTask": "runtime",
-    "ClientStateStore": "state",
-    "DiskStateStore": "state",
-    "MemoryStateStore": "state",
-    "TrainerTemplate": "trainer",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'fedhet.federation' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"fedhet.federation.{_EXPORTS[name]}"), name)
+__all__ = [
+    "EXECUTORS",
+    "ClassStatsPayload",
+    "ClientResult",
+    "ClientRuntime",
+    "ClientStateStore",
+    "ClientTask",
+    "CommunicationLedger",
+    "DiskStateStore",
+    "Executor",
+    "FederationLoop",
+    "MemoryStateStore",
+    "Payload",
+    "ProcessExecutor",
+    "RuntimeRecipe",
+    "SequentialExecutor",
+    "ServerTrainerTemplate",
+    "TrainerTemplate",
+    "WeightsPayload",
+    "check_compatibility",
+]

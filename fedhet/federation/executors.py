@@ -1,44 +1,61 @@
 """Executors: where client steps run. The round loop talks to them only through this interface.
 
-The sequential executor runs every step in this process, one after another, reusing one live
-module per architecture. A Ray executor plugs in through the same three methods: each worker
-holds its own :class:`~fedhet.federation.runtime.ClientRuntime` built from the same config and
-receives ``ClientTask``s (state and download travel with the task), so no state hides in a
-worker between calls.
+An executor is built from the config with typed arguments (``federation.executor``) and started
+with the run's :class:`~fedhet.federation.runtime.RuntimeRecipe`: a picklable description from
+which a worker rebuilds the same client runtime (the resolved config, not live objects). Client
+tasks carry their state and download; evaluation sends client tasks, never data, so no state
+hides in a worker between calls and a worker can live in another process or on another machine.
+
+* :class:`SequentialExecutor` (default): in-process, one client after another, reusing one live
+  module per architecture.
+* :class:`ProcessExecutor`: a pool of local worker processes, each rebuilding the runtime from
+  the recipe; independent client steps run concurrently with ``threads_per_worker`` intra-op
+  threads each and give the numbers of the sequential executor at the same thread count.
+
+The lock-step collaborative phase needs every participant live in one process, so every
+executor runs it in the driver's runtime.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from torch import Tensor
 
-from fedhet.federation.runtime import ClientResult, ClientRuntime, ClientTask, CollaborationResult
+from fedhet.errors import ConfigError
+from fedhet.federation.runtime import ClientResult, ClientRuntime, ClientTask, RuntimeRecipe
+
+EvalCounts = list[tuple[Tensor, Tensor]]
 
 
 class Executor(ABC):
     """Runs client steps for the round loop."""
 
-    def bind(self, runtime: ClientRuntime) -> None:
-        """Attach the runtime (the sequential executor uses it directly; remote ones ship its recipe)."""
+    runtime: ClientRuntime
+
+    def start(self, recipe: RuntimeRecipe, runtime: ClientRuntime) -> None:
+        """Called once by the loop: the recipe workers rebuild from, and the driver's own runtime."""
+        self.recipe = recipe
         self.runtime = runtime
 
     @abstractmethod
     def fit_clients(self, tasks: Sequence[ClientTask]) -> list[ClientResult]:
-        """Run local training for each task; results in task order."""
+        """Run each task's local stages; results in task order."""
+
+    def fit_collaborative(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientResult], int, int]:
+        """The lock-step phase and the local stages that follow it (in the driver: all participants live at once)."""
+        return self.runtime.fit_collaborative(tasks)
 
     @abstractmethod
-    def collaborate(self, round_idx: int, tasks: Sequence[ClientTask]) -> CollaborationResult:
-        """Run the lock-step collaborative phase over all tasks at once."""
-
-    @abstractmethod
-    def evaluate(self, tasks: Sequence[ClientTask], eval_sets: Sequence[Sequence[Any]]) -> list[list[tuple[Tensor, Tensor]]]:
-        """Evaluate each task's client on its evaluation sets (``eval_sets[i]`` for task ``i``)."""
+    def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
+        """Evaluate each task's client on its evaluation sets (test columns, then validation columns)."""
 
     def shutdown(self) -> None:
-        """Release workers (nothing to do in-process)."""
+        """Release workers (the loop calls this in a ``finally``)."""
 
 
 class SequentialExecutor(Executor):
@@ -47,11 +64,83 @@ class SequentialExecutor(Executor):
     def fit_clients(self, tasks: Sequence[ClientTask]) -> list[ClientResult]:
         return [self.runtime.fit_client(task) for task in tasks]
 
-    def collaborate(self, round_idx: int, tasks: Sequence[ClientTask]) -> CollaborationResult:
-        return self.runtime.collaborate(round_idx, tasks)
-
-    def evaluate(self, tasks: Sequence[ClientTask], eval_sets: Sequence[Sequence[Any]]) -> list[list[tuple[Tensor, Tensor]]]:
-        return [self.runtime.evaluate_client(task, sets) for task, sets in zip(tasks, eval_sets)]
+    def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
+        return [self.runtime.evaluate_client(task, apply_download) for task in tasks]
 
 
-EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor}
+# ---------------------------------------------------------------------------------------------
+# worker-process side: one runtime per process, rebuilt from the recipe
+# ---------------------------------------------------------------------------------------------
+_WORKER_RUNTIME: ClientRuntime | None = None
+
+
+def _start_worker(recipe: RuntimeRecipe, threads: int) -> None:
+    import os
+
+    import torch
+
+    os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    from fedhet.federation.trainer import silence_lightning
+
+    silence_lightning()
+    global _WORKER_RUNTIME
+    _WORKER_RUNTIME = recipe.build()
+
+
+def _worker_fit(task: ClientTask) -> ClientResult:
+    assert _WORKER_RUNTIME is not None, "worker started without a runtime"
+    return _WORKER_RUNTIME.fit_client(task)
+
+
+def _worker_evaluate(task: ClientTask, apply_download: bool) -> EvalCounts:
+    assert _WORKER_RUNTIME is not None, "worker started without a runtime"
+    return _WORKER_RUNTIME.evaluate_client(task, apply_download)
+
+
+class ProcessExecutor(Executor):
+    """Client steps in a pool of local worker processes, each with its own runtime from the recipe.
+
+    Args:
+        workers: worker processes (independent clients run this many at a time).
+        threads_per_worker: intra-op threads of each worker. On CPUs, several single-threaded
+            workers beat one multi-threaded process for the small batches of FL clients.
+    """
+
+    def __init__(self, workers: int = 2, threads_per_worker: int = 1) -> None:
+        if workers < 1 or threads_per_worker < 1:
+            raise ConfigError(
+                f"federation.executor: workers={workers} and threads_per_worker={threads_per_worker} must be >= 1"
+            )
+        self.workers = workers
+        self.threads_per_worker = threads_per_worker
+        self._pool: ProcessPoolExecutor | None = None
+
+    def start(self, recipe: RuntimeRecipe, runtime: ClientRuntime) -> None:
+        super().start(recipe, runtime)
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start_worker,
+            initargs=(recipe, self.threads_per_worker),
+        )
+
+    def _map(self, fn: Any, *iterables: Any) -> list[Any]:
+        if self._pool is None:
+            raise RuntimeError("ProcessExecutor used before start() or after shutdown()")
+        return list(self._pool.map(fn, *iterables))
+
+    def fit_clients(self, tasks: Sequence[ClientTask]) -> list[ClientResult]:
+        return self._map(_worker_fit, tasks)
+
+    def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
+        return self._map(_worker_evaluate, tasks, [apply_download] * len(tasks))
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "process": ProcessExecutor}

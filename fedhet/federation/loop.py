@@ -1,15 +1,17 @@
 """THE round loop: the only place in fedhet where federated rounds are iterated.
 
-Round ``r``::
+A run is a schedule of steps: the method's ``before`` phases (pretraining), the federated rounds,
+then ``after`` phases (fine-tuning, extra full-participation rounds). Each step is a round::
 
-    sample clients -> for each: its committed state + the server's download
+    sample clients -> for each: its committed state + the server's download (built once per round)
     -> [collaborative phase on public data, all participants in lock-step]
-    -> local fit with a lean Trainer -> upload (validated, bytes measured)
-    -> server phase (closed-form aggregate, or a LightningModule fitted on server-side data)
-    -> evaluate every client (test and validation sets) -> log once -> checkpoint
+    -> local stages, each one lean Trainer fit -> upload (validated, bytes measured)
+    -> server: aggregate -> trained refine stages (own Trainer template and budget) -> downloads
+    -> evaluate the declared targets (clients after/before the download; server models once)
+    -> log once -> checkpoint
 
 Methods only override hooks (:mod:`fedhet.algorithms.base`); executors decide where client
-steps run; callbacks (run directory, W&B, console) observe the rounds.
+steps run; callbacks (run directory, W&B, console, progress) observe the steps.
 """
 
 from __future__ import annotations
@@ -17,25 +19,31 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import torch
 
-from fedhet.algorithms.base import Algorithm, ClientUpload, ServerContext, TrainableServerPhase
-from fedhet.errors import ConfigError
+from fedhet.algorithms.base import Algorithm, ClientUpload, RunPhase, ServerContext
+from fedhet.core.payloads import Payload
+from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation.executors import Executor, SequentialExecutor
 from fedhet.federation.ledger import CommunicationLedger
-from fedhet.federation.payloads import Payload
 from fedhet.federation.privacy import PayloadNoise
-from fedhet.federation.runtime import ClientRuntime, ClientTask
+from fedhet.federation.runtime import FEDERATION, ClientRuntime, ClientTask, RuntimeRecipe
 from fedhet.federation.sampling import clients_per_round, sample_clients
 from fedhet.federation.state import ClientStateStore, MemoryStateStore
-from fedhet.federation.trainer import TrainerTemplate, silence_lightning
+from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate, silence_lightning
 from fedhet.metrics import BestTracker, ClientSetAccuracy, round_metrics
-from fedhet.metrics.report import HEADLINE, as_matrix_list, mean_last
+from fedhet.metrics.report import HEADLINE, SERVER_KEY, as_matrix_list, mean_last
 from fedhet.seeding import derive_seed, seeded
 
 log = logging.getLogger("fedhet")
+
+#: Above this many clients, ``eval_clients: auto`` evaluates the round's participants only.
+EVAL_ALL_UP_TO = 100
+
+EvalClients = Literal["auto", "all", "participants"] | int
 
 
 class RoundCallback(Protocol):
@@ -44,6 +52,33 @@ class RoundCallback(Protocol):
     def on_round_end(self, loop: FederationLoop, record: dict[str, Any]) -> None: ...
 
     def on_run_end(self, loop: FederationLoop, summary: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Step:
+    """One entry of the run's schedule: a federated round or one step of a run phase."""
+
+    phase: str
+    phase_step: int
+    participation: float | int | None  # None: every client
+    exchange: bool = True
+
+    @property
+    def is_round(self) -> bool:
+        return self.phase == FEDERATION
+
+
+def update_norm(upload: Payload, download: Payload | None) -> float:
+    """L2 norm of an upload's floating tensors minus the same tensors of the client's download (if any)."""
+    received = dict(download.tensors()) if download is not None else {}
+    total = 0.0
+    for name, tensor in upload.tensors():
+        if not tensor.is_floating_point():
+            continue
+        reference = received.get(name)
+        delta = tensor.double() - reference.double() if reference is not None and reference.shape == tensor.shape else tensor.double()
+        total += float(delta.pow(2).sum())
+    return total**0.5
 
 
 def check_compatibility(algorithm: Algorithm, scenario: Any, architectures: Sequence[str], family_name: str) -> None:
@@ -68,7 +103,7 @@ def check_compatibility(algorithm: Algorithm, scenario: Any, architectures: Sequ
 
 
 class FederationLoop:
-    """Runs a federated experiment round by round.
+    """Runs a federated experiment step by step (phases before, rounds, phases after).
 
     Args:
         algorithm: the method.
@@ -79,7 +114,8 @@ class FederationLoop:
         seed: experiment seed (initialisation, sampling, batch order).
         participation: fraction (float) or count (int) of clients per round.
         eval_every: evaluate every this many rounds (the last round is always evaluated).
-        server_trainer: Trainer template of trainable server phases (defaults to ``trainer``).
+        server_trainer: Trainer template of trained server stages (hardware and numerics only;
+            budgets are the method's).
         state_store: where client states live (default: in memory).
         executor: where client steps run (default: sequential, in-process).
         callbacks: round observers.
@@ -88,6 +124,18 @@ class FederationLoop:
         family_name: name of the model family, for messages.
         upload_noise: Gaussian perturbation of every upload (privacy studies; ``None``: none).
         download_noise: Gaussian perturbation of every download (``None``: none).
+        eval_clients: which clients are evaluated: ``"all"``, ``"participants"`` (the round's),
+            a number sampled per evaluation (seeded), or ``"auto"`` (all up to 100 clients,
+            participants above).
+        extra_rounds: full-participation rounds after the federated rounds (an ``after`` phase
+            named ``extra``; FedVTC gives its baselines five so budgets match).
+        recipe: how a worker rebuilds this run's client runtime (built from the objects when ``None``).
+        on_invalid_upload: ``"fail"`` (stop with one line naming the sender) or ``"drop"`` (the
+            round goes on without it; dropped uploads are counted in ``comm/dropped_uploads``).
+        upload_norm_bound: refuse an upload whose update norm (upload minus the download the
+            client received, or the upload itself when there is none) exceeds this multiple of
+            the round's median, naming the sender, so a poisoned upload is caught where it
+            enters (``None``: no bound).
     """
 
     def __init__(
@@ -100,7 +148,7 @@ class FederationLoop:
         seed: int = 0,
         participation: float | int = 1.0,
         eval_every: int = 1,
-        server_trainer: TrainerTemplate | None = None,
+        server_trainer: ServerTrainerTemplate | None = None,
         state_store: ClientStateStore | None = None,
         executor: Executor | None = None,
         callbacks: Sequence[RoundCallback] = (),
@@ -109,17 +157,26 @@ class FederationLoop:
         family_name: str = "custom",
         upload_noise: PayloadNoise | None = None,
         download_noise: PayloadNoise | None = None,
+        eval_clients: EvalClients = "auto",
+        extra_rounds: int = 0,
+        recipe: RuntimeRecipe | None = None,
+        on_invalid_upload: Literal["fail", "drop"] = "fail",
+        upload_norm_bound: float | None = None,
     ) -> None:
         if rounds < 1:
             raise ConfigError(f"rounds={rounds}: run at least one round")
         if eval_every < 1:
             raise ConfigError(f"federation.eval_every={eval_every}: must be >= 1")
+        if extra_rounds < 0:
+            raise ConfigError(f"federation.extra_rounds={extra_rounds}: must be >= 0")
+        if isinstance(eval_clients, int) and not isinstance(eval_clients, bool) and eval_clients < 1:
+            raise ConfigError(f"federation.eval_clients={eval_clients}: evaluate at least one client")
         silence_lightning()
         self.algorithm = algorithm
         self.scenario = scenario
         self.architectures = list(architectures)
         self.trainer = trainer
-        self.server_trainer = server_trainer or trainer
+        self.server_trainer = server_trainer or ServerTrainerTemplate(accelerator=trainer.accelerator)
         self.rounds = rounds
         self.seed = seed
         self.participation = participation
@@ -131,6 +188,14 @@ class FederationLoop:
         self.persist_optimizer_state = persist_optimizer_state
         self.upload_noise = upload_noise
         self.download_noise = download_noise
+        self.eval_clients = eval_clients
+        self.extra_rounds = extra_rounds
+        if on_invalid_upload not in ("fail", "drop"):
+            raise ConfigError(f"federation.on_invalid_upload={on_invalid_upload!r}: use 'fail' or 'drop'")
+        if upload_norm_bound is not None and upload_norm_bound <= 1.0:
+            raise ConfigError(f"federation.upload_norm_bound={upload_norm_bound}: must be > 1 (a multiple of the median)")
+        self.on_invalid_upload = on_invalid_upload
+        self.upload_norm_bound = upload_norm_bound
 
         scenario.setup()
         if len(self.architectures) != scenario.num_clients:
@@ -139,6 +204,11 @@ class FederationLoop:
             )
         clients_per_round(scenario.num_clients, participation)  # validates early
         check_compatibility(algorithm, scenario, self.architectures, family_name)
+        if algorithm.collaborative_epochs() > 0 and (upload_noise is not None or download_noise is not None):
+            raise ConfigError(
+                f"{algorithm.name} exchanges outputs batch by batch in a lock-step phase, which the upload/"
+                "download noise of privacy studies does not cover; drop federation.upload_noise/download_noise"
+            )
         self.runtime = ClientRuntime(
             algorithm, scenario, self.architectures, trainer, seed, persist_optimizer_state, feature_dim, rounds
         )
@@ -149,171 +219,321 @@ class FederationLoop:
                     f"{algorithm.name} exchanges features and needs one feature dimension, but the backbones "
                     f"emit {dims}; set --feature_dim 64 (adds a linear neck to every backbone)"
                 )
-        self.executor.bind(self.runtime)
-        self.server = algorithm.build_server()
-        self.server.setup(
-            ServerContext(
-                num_clients=scenario.num_clients,
-                num_classes=scenario.num_classes,
-                architectures=tuple(self.architectures),
-                seed=seed,
-                initial_client_state=lambda cid: self.runtime.initial_state(cid)["module"],
-            )
+        self.recipe = recipe or RuntimeRecipe(
+            architectures=tuple(self.architectures),
+            seed=seed,
+            rounds=rounds,
+            persist_optimizer_state=persist_optimizer_state,
+            feature_dim=feature_dim,
+            algorithm=algorithm,
+            scenario=scenario,
+            trainer=trainer,
         )
+        self.executor.start(self.recipe, self.runtime)
+        self.server = algorithm.build_server()
+        self.server.setup(self.server_context())
+        self.schedule = self._build_schedule()
         self.ledger = CommunicationLedger()
-        self.best = BestTracker(scenario.kind)
+        self.best = BestTracker(scenario.kind, with_server="server" in algorithm.evaluation)
         self.history: list[dict[str, Any]] = []
-        self.next_round = 0
+        self.next_round = 0  # steps of the schedule completed (rounds and phase steps)
         self.elapsed_s = 0.0
         self.last_matrix: dict[str, Any] = {}
-        self._eval_sets = self._build_eval_sets()
+        self._downloads: dict[tuple[int, int], Payload | None] = {}
+        self._participants: list[int] = []
 
-    # ------------------------------------------------------------------ evaluation sets
-    def _build_eval_sets(self) -> dict[str, list[list[Any]]]:
-        """Per client, the evaluation sets of each split (columns of the accuracy matrix)."""
-        sets: dict[str, list[list[Any]]] = {}
-        for split in ("test", "val"):
-            shared = list(self.scenario.eval_sets(split).values())
-            if self.scenario.kind == "domain_shift":
-                sets[split] = [shared for _ in range(self.scenario.num_clients)]
-            else:  # own local split, then the global set
-                sets[split] = [
-                    [getattr(self.scenario.client_data(c), split), shared[0]] for c in range(self.scenario.num_clients)
-                ]
-        return sets
+    # ------------------------------------------------------------------ set-up
+    def server_context(self) -> ServerContext:
+        """What the server may know: formats, label counts, a model factory, the public data."""
+        scenario = self.scenario
+        public = (lambda seed: scenario.public_loader(seed)) if scenario.public_data() is not None else None
+        return ServerContext(
+            num_clients=scenario.num_clients,
+            num_classes=scenario.num_classes,
+            architectures=tuple(self.architectures),
+            seed=self.seed,
+            initial_client_state=lambda cid: self.runtime.initial_state(cid)["module"],
+            data_format=self.runtime.data_format,
+            label_counts=self.runtime.label_counts(),
+            model_factory=self.runtime.build_network,
+            public_loader=public,
+        )
+
+    def _build_schedule(self) -> list[Step]:
+        phases = list(self.algorithm.phases())
+        if self.extra_rounds:
+            phases.append(RunPhase("extra", "after", rounds=self.extra_rounds, participation=None))
+        names = [p.name for p in phases]
+        if len(set(names)) != len(names) or FEDERATION in names:
+            raise ConfigError(f"{self.algorithm.name} declares run phases with clashing names: {names}")
+        steps: list[Step] = []
+        for phase in (p for p in phases if p.when == "before"):
+            steps += [Step(phase.name, i, phase.participation, phase.exchange) for i in range(phase.rounds)]
+        steps += [Step(FEDERATION, r, self.participation) for r in range(self.rounds)]
+        for phase in (p for p in phases if p.when == "after"):
+            steps += [Step(phase.name, i, phase.participation, phase.exchange) for i in range(phase.rounds)]
+        return steps
 
     @property
     def column_names(self) -> list[str]:
         return list(self.scenario.domains) if self.scenario.kind == "domain_shift" else ["local", "global"]
 
-    # ------------------------------------------------------------------ one round
-    def run_round(self, round_idx: int) -> dict[str, Any]:
-        """Run round ``round_idx`` and return its metrics record."""
+    # ------------------------------------------------------------------ one step
+    def _sample(self, step: Step) -> list[int]:
+        if step.participation is None:
+            return list(range(self.scenario.num_clients))
+        seed = self.seed if step.is_round else derive_seed(self.seed, "phase", step.phase)
+        return sample_clients(self.scenario.num_clients, step.participation, seed, step.phase_step)
+
+    def run_round(self, step_idx: int) -> dict[str, Any]:
+        """Run step ``step_idx`` of the schedule (round ``step_idx`` when there are no phases) and return its record."""
+        step = self.schedule[step_idx]
         started = time.perf_counter()
         self.ledger.start_round()
-        selected = sample_clients(self.scenario.num_clients, self.participation, self.seed, round_idx)
+        if step_idx == 0 and self.algorithm.label_counts_uploaded:
+            counts = self.runtime.label_counts()
+            self.ledger.record_up(counts[0].numel() * counts.element_size() * self.scenario.num_clients)
+        selected = self._sample(step)
+        self._participants = selected
         tasks = []
         for cid in selected:
-            download = self._download(cid, round_idx)
+            download = self._download(cid, step_idx) if step.exchange else None
             if download is not None:
                 self.ledger.record_down(download.nbytes())
-            tasks.append(ClientTask(cid, round_idx, self.store.get(cid), download))
+            tasks.append(
+                ClientTask(cid, step.phase_step, self.store.get(cid), download, step.phase, step.exchange, step_idx)
+            )
 
-        if self.algorithm.collaborative_epochs() > 0:
-            collaboration = self.executor.collaborate(round_idx, tasks)
-            self.ledger.record_up(collaboration.bytes_up)
-            self.ledger.record_down(collaboration.bytes_down)
-            tasks = [
-                ClientTask(t.client_id, round_idx, state, t.download, receive=False)
-                for t, state in zip(tasks, collaboration.states)
-            ]
-
-        results = self.executor.fit_clients(tasks)
+        if step.exchange and tasks and self.algorithm.collaborative_epochs() > 0:
+            results, bytes_up, bytes_down = self.executor.fit_collaborative(tasks)
+            self.ledger.record_up(bytes_up)
+            self.ledger.record_down(bytes_down)
+        else:
+            results = self.executor.fit_clients(tasks)
         fit_s = time.perf_counter() - started
-        uploads = []
+        received = []
         for result in results:
-            self.store.put(result.client_id, round_idx, result.state)
+            self.store.put(result.client_id, step_idx, result.state)
             if result.upload is not None:
                 upload = result.upload
                 if self.upload_noise is not None:
-                    upload = self.upload_noise.perturb(upload, derive_seed(self.seed, "upload-noise", round_idx, result.client_id))
-                upload.validate(f"client {result.client_id}")
+                    upload = self.upload_noise.perturb(upload, derive_seed(self.seed, "upload-noise", step_idx, result.client_id))
                 self.ledger.record_up(upload.nbytes())
-                uploads.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
+                received.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
+        uploads = self._screen_uploads(step_idx, received)
 
-        self.server.aggregate(round_idx, uploads)
-        if isinstance(self.server, TrainableServerPhase):
-            seed = derive_seed(self.seed, "server", round_idx)
-            with seeded(seed, self.runtime.device):
-                self.server_trainer.build().fit(
-                    self.server, train_dataloaders=self.server.server_dataloader(self.scenario, seed)
-                )
+        if step.exchange:
+            self.server.phase = step.phase
+            self._server_round(step_idx, step.phase_step, uploads)
 
-        record: dict[str, Any] = {"round": round_idx, "clients": len(selected)}
-        losses = [r.metrics["train/loss"] for r in results]
-        record["train/loss"] = sum(losses) / len(losses)
+        record: dict[str, Any] = {"round": step_idx, "clients": len(selected)}
+        if not step.is_round:
+            record.update({"phase": step.phase, "phase_step": step.phase_step})
+        for key in sorted({k for r in results for k in r.metrics}):
+            values = [r.metrics[key] for r in results if key in r.metrics]
+            record[key] = sum(values) / len(values)
         for result in results:
-            record[f"client/{result.client_id}/train_loss"] = result.metrics["train/loss"]
+            for key, value in result.metrics.items():
+                name = "train_loss" if key == "train/loss" else key.replace("/", "_")
+                record[f"client/{result.client_id}/{name}"] = value
         record.update({f"server/{k}": v for k, v in self.server.metrics().items()})
-        record.update(self.ledger.end_round(round_idx, len(selected)))
-        self.store.commit(round_idx)
+        record.update(self.ledger.end_round(step_idx, len(selected)))
+        if self.on_invalid_upload == "drop":
+            record["comm/dropped_uploads"] = len(received) - len(uploads)
+        self.store.commit(step_idx)
 
         eval_started = time.perf_counter()
-        if (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1:
-            record.update(self.evaluate(round_idx))
-            self.best.update(round_idx, record)
+        last = step_idx == len(self.schedule) - 1
+        if not step.is_round or (step.phase_step + 1) % self.eval_every == 0 or last or step.phase_step == self.rounds - 1:
+            record.update(self.evaluate(step_idx))
+            self.best.update(step_idx, record)
         record["time/fit_s"] = round(fit_s, 3)
         record["time/eval_s"] = round(time.perf_counter() - eval_started, 3)
         record["time/round_s"] = round(time.perf_counter() - started, 3)
         return record
 
-    def _download(self, client_id: int, round_idx: int) -> Payload | None:
-        """What ``client_id`` receives at the start of ``round_idx`` (perturbed when download noise is on)."""
-        download = self.server.download_for(client_id)
-        if download is not None and self.download_noise is not None:
-            download = self.download_noise.perturb(download, derive_seed(self.seed, "download-noise", round_idx, client_id))
-        return download
+    def _screen_uploads(self, step_idx: int, uploads: list[ClientUpload]) -> list[ClientUpload]:
+        """Validate every upload where it enters (finite, floating, within the norm bound); fail or drop."""
+        accepted: list[ClientUpload] = []
+        norms: list[float] = []
+        for upload in uploads:
+            try:
+                upload.payload.validate(f"client {upload.client_id}")
+            except TrainingError as error:
+                if self.on_invalid_upload == "fail":
+                    raise
+                log.warning("dropped the upload of client %d in round %d: %s", upload.client_id, step_idx, error)
+                continue
+            accepted.append(upload)
+            if self.upload_norm_bound is not None:
+                norms.append(update_norm(upload.payload, self._downloads.get((step_idx, upload.client_id))))
+        if self.upload_norm_bound is None or len(accepted) < 3:
+            return accepted
+        median = float(torch.tensor(norms, dtype=torch.float64).median())
+        kept = []
+        for upload, norm in zip(accepted, norms, strict=True):
+            if norm > self.upload_norm_bound * median:
+                message = (
+                    f"client {upload.client_id} sent an update of norm {norm:.4g} in round {step_idx}, "
+                    f"{norm / max(median, 1e-30):.3g}x the round's median {median:.4g} (bound "
+                    f"{self.upload_norm_bound}); a diverged or poisoned client, or raise federation.upload_norm_bound"
+                )
+                if self.on_invalid_upload == "fail":
+                    raise TrainingError(message)
+                log.warning("dropped: %s", message)
+                continue
+            kept.append(upload)
+        return kept
+
+    def _server_round(self, step_idx: int, round_idx: int, uploads: list[ClientUpload]) -> None:
+        """Aggregate, fit the trained refine stages with the server template and their own budgets."""
+        self.server.aggregate(round_idx, uploads)
+        self._downloads.clear()  # the server changed: every download is rebuilt
+        for index, stage in enumerate(self.server.refine_stages()):
+            if not stage.should_refine():
+                continue
+            seed = derive_seed(self.seed, "server", step_idx) if index == 0 else derive_seed(self.seed, "server", step_idx, index)
+            budget = stage.refine_budget()
+            with seeded(seed, self.server_trainer.device()):
+                loader = stage.server_dataloader(seed)
+                self.server_trainer.build(budget.epochs, budget.steps).fit(stage, train_dataloaders=loader)
+
+    def _download(self, client_id: int, step_idx: int) -> Payload | None:
+        """What ``client_id`` receives at the start of step ``step_idx``, built once (perturbed when download noise is on)."""
+        key = (step_idx, client_id)
+        if key not in self._downloads:
+            download = self.server.download_for(client_id)
+            if download is not None and self.download_noise is not None:
+                download = self.download_noise.perturb(download, derive_seed(self.seed, "download-noise", step_idx, client_id))
+            self._downloads[key] = download
+        return self._downloads[key]
+
+    # ------------------------------------------------------------------ evaluation
+    def clients_to_evaluate(self, step_idx: int) -> list[int]:
+        """The clients evaluated after step ``step_idx`` (see ``eval_clients``)."""
+        num = self.scenario.num_clients
+        mode = self.eval_clients
+        if mode == "auto":
+            mode = "all" if num <= EVAL_ALL_UP_TO else "participants"
+        if mode == "all":
+            return list(range(num))
+        if mode == "participants":
+            return sorted(self._participants) if self._participants else list(range(num))
+        count = min(int(mode), num)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "eval-clients", step_idx))
+        return sorted(torch.randperm(num, generator=generator)[:count].tolist())
 
     def evaluate(self, round_idx: int) -> dict[str, float]:
-        """Every client's model (its state plus its current download) on the test and validation sets."""
-        # the download the server holds after round r is the one clients receive in round r + 1
+        """The declared targets on the test and validation sets; headline metrics from client models.
+
+        Client models are evaluated with the download they would receive next (the download the
+        server holds after step ``r`` is the one clients receive in step ``r + 1``).
+        """
+        targets = self.algorithm.evaluation
+        metrics: dict[str, float] = {}
+        clients = self.clients_to_evaluate(round_idx)
+        if "clients" in targets:
+            metrics.update(self._evaluate_clients(round_idx, clients, apply_download=True, prefix=""))
+        if "clients_before_download" in targets:
+            prefix = "" if "clients" not in targets else "pre/"
+            metrics.update(self._evaluate_clients(round_idx, clients, apply_download=False, prefix=prefix))
+        if "server" in targets:
+            metrics.update(self._evaluate_server())
+        metrics["eval/clients"] = float(len(clients))
+        return metrics
+
+    def _evaluate_clients(self, round_idx: int, clients: list[int], apply_download: bool, prefix: str) -> dict[str, float]:
+        step = self.schedule[min(round_idx, len(self.schedule) - 1)]
         tasks = [
-            ClientTask(cid, round_idx, self.store.get(cid), self._download(cid, round_idx + 1))
-            for cid in range(self.scenario.num_clients)
+            ClientTask(
+                cid,
+                step.phase_step,
+                self.store.get(cid),
+                self._download(cid, round_idx + 1) if apply_download else None,
+                step.phase,
+                step_idx=round_idx,
+            )
+            for cid in clients
         ]
         columns = len(self.column_names)
-        # one pass per client over its test columns then its validation columns (one state load)
-        sets = [test + val for test, val in zip(self._eval_sets["test"], self._eval_sets["val"])]
-        per_client = self.executor.evaluate(tasks, sets)
+        per_client = self.executor.evaluate(tasks, apply_download)
         results: dict[str, dict[str, torch.Tensor]] = {}
         for split, offset in (("test", 0), ("val", columns)):
-            metric = ClientSetAccuracy(self.scenario.num_clients, columns)
-            for cid, counts in enumerate(per_client):
+            metric = ClientSetAccuracy(len(clients), columns)
+            for row, counts in enumerate(per_client):
                 for column in range(columns):
                     correct, total = counts[offset + column]
-                    metric.update(correct, float(total), cid, column)
+                    metric.update(correct, float(total), row, column)
             results[split] = metric.compute()
-        own = torch.tensor([self.scenario.client_domain_index(c) for c in range(self.scenario.num_clients)])
-        self.last_matrix = {
-            "rows": [f"client {c} ({self.architectures[c]})" for c in range(self.scenario.num_clients)],
-            "columns": self.column_names,
-            "top1": as_matrix_list(results["test"]["top1"]),
-        }
-        return round_metrics(self.scenario.kind, results["test"], results["val"], own, self.scenario.domains)
+        own = torch.tensor([self.scenario.client_domain_index(c) for c in clients])
+        if not prefix:
+            self.last_matrix = {
+                "rows": [f"client {c} ({self.architectures[c]})" for c in clients],
+                "columns": self.column_names,
+                "top1": as_matrix_list(results["test"]["top1"]),
+            }
+        metrics = round_metrics(self.scenario.kind, results["test"], results["val"], own, self.scenario.domains, clients)
+        return {f"{prefix}{k}" if not k.startswith("val/") else f"val/{prefix}{k[4:]}": v for k, v in metrics.items()}
+
+    def _evaluate_server(self) -> dict[str, float]:
+        """Every server-side model once on the global sets: ``acc_server`` is their mean top-1 (percent)."""
+        models = self.server.server_models()
+        if not models:
+            return {}
+        sets = self.runtime.eval_sets(None)
+        half = len(sets) // 2
+        out: dict[str, float] = {}
+        test_scores, val_scores = [], []
+        for name, model in models.items():
+            counts = self.runtime.evaluate_model(model, sets)
+            top1 = [float(c[0] / t[0]) if float(t[0]) else 0.0 for c, t in counts]
+            test, val = sum(top1[:half]) / half, sum(top1[half:]) / (len(top1) - half)
+            out[f"server/{name}/acc"] = round(100.0 * test, 4)
+            test_scores.append(test)
+            val_scores.append(val)
+        out[SERVER_KEY] = round(100.0 * sum(test_scores) / len(test_scores), 4)
+        out[f"val/{SERVER_KEY}"] = round(100.0 * sum(val_scores) / len(val_scores), 4)
+        return out
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
-        """Run the remaining rounds (all of them, or those after a restored checkpoint)."""
-        for round_idx in range(self.next_round, self.rounds):
-            started = time.perf_counter()
-            record = self.run_round(round_idx)
-            self.history.append(record)
-            self.next_round = round_idx + 1
-            self.elapsed_s += time.perf_counter() - started
+        """Run the remaining steps (all of them, or those after a restored checkpoint)."""
+        try:
+            for step_idx in range(self.next_round, len(self.schedule)):
+                started = time.perf_counter()
+                record = self.run_round(step_idx)
+                self.history.append(record)
+                self.next_round = step_idx + 1
+                self.elapsed_s += time.perf_counter() - started
+                for callback in self.callbacks:
+                    callback.on_round_end(self, record)
+                self.store.prune()
+            summary = self.summary()
             for callback in self.callbacks:
-                callback.on_round_end(self, record)
-            self.store.prune()
-        summary = self.summary()
-        for callback in self.callbacks:
-            callback.on_run_end(self, summary)
-        self.executor.shutdown()
+                callback.on_run_end(self, summary)
+        finally:
+            self.executor.shutdown()
         return summary
 
     def summary(self) -> dict[str, Any]:
         """The results contract of design.md section 5 (``summary.json``)."""
         keys = HEADLINE[self.scenario.kind]
-        evaluated = [r for r in self.history if keys[0] in r]
-        final = {k: v for k, v in evaluated[-1].items() if not k.startswith(("val/", "time/", "comm/", "server/"))} if evaluated else {}
+        evaluated = [r for r in self.history if keys[0] in r or SERVER_KEY in r]
+        skip = ("val/", "time/", "comm/", "server/", "eval/")
+        final = {k: v for k, v in evaluated[-1].items() if not k.startswith(skip)} if evaluated else {}
+        last3 = mean_last(evaluated, keys, 3)
+        last3.update(mean_last(evaluated, (SERVER_KEY,), 3))
         return {
             "method": self.algorithm.name,
             "scenario": type(self.scenario).__name__,
             "scenario_kind": self.scenario.kind,
             "seed": self.seed,
             "rounds": self.rounds,
+            "phases": sorted({s.phase for s in self.schedule} - {FEDERATION}),
             "models": self.architectures,
             "final": final,
             "best": self.best.summary(),
-            "last3": mean_last(evaluated, keys, 3),
+            "last3": last3,
             "matrix": self.last_matrix,
             "comm": {
                 "bytes_up": self.ledger.total_up,
@@ -326,7 +546,7 @@ class FederationLoop:
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
-        """Everything needed to continue exactly after the last completed round."""
+        """Everything needed to continue exactly after the last completed step."""
         return {
             "next_round": self.next_round,
             "server": self.server.state_dict(),
@@ -347,3 +567,4 @@ class FederationLoop:
         self.history = list(state["history"])
         self.elapsed_s = float(state["elapsed_s"])
         self.last_matrix = dict(state["last_matrix"])
+        self._downloads.clear()

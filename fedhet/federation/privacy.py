@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fedhet.core.payloads import Payload
 from fedhet.errors import ConfigError
-from fedhet.federation.payloads import Payload
 
 
 @dataclass(frozen=True)

@@ -2,44 +2,62 @@
 
 :class:`ClientRuntime` owns what a worker needs to run clients: the algorithm, the scenario, the
 Trainer template, and one live client module per architecture (weights are swapped in with
-``load_state_dict``; modules are never rebuilt per client). Its three entry points,
-:meth:`ClientRuntime.fit_client`, :meth:`ClientRuntime.collaborate` and
+``load_state_dict``; modules are never rebuilt per client). Its entry points,
+:meth:`ClientRuntime.fit_client`, :meth:`ClientRuntime.fit_collaborative` and
 :meth:`ClientRuntime.evaluate_client`, take everything they need as arguments and return
-everything they change, so an executor can run them in this process or on a Ray worker holding
-its own runtime, and a resumed run repeats exactly what an uninterrupted one did.
+everything they change, so an executor can run them in this process or in a worker holding its
+own runtime, rebuilt from a picklable :class:`RuntimeRecipe`, and a resumed run repeats exactly
+what an uninterrupted one did.
 
 Every random stream is seeded from ``(seed, purpose, round, client)`` with the global RNG
-isolated, so results do not depend on the order in which clients run.
+isolated, so results do not depend on the order in which clients run, nor on the process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
-from torch import Tensor
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor, nn
 
-from fedhet.algorithms.base import Algorithm, ClientModule
+from fedhet.algorithms.base import Algorithm, ClientModule, DataFormat, LocalStage
+from fedhet.core.payloads import Payload
+from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import Payload
 from fedhet.federation.state import ClientState
-from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate, clone_state
+from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate
 from fedhet.seeding import derive_seed, seeded
+
+#: The phase name of the federated rounds themselves.
+FEDERATION = "federation"
 
 
 @dataclass(frozen=True)
 class ClientTask:
-    """One client's work in a round: its id, committed state (``None``: fresh), and download."""
+    """One client's work in a step: its id, committed state (``None``: fresh), download and phase.
+
+    ``round_idx`` is the round within the phase (what schedules read); ``step_idx`` the position
+    in the run's schedule (what seeds derive from; ``None``: the same as ``round_idx``).
+    """
 
     client_id: int
     round_idx: int
     state: ClientState | None
     download: Payload | None
-    receive: bool = True  # False when the download was already applied (after a collaborative phase)
+    phase: str = FEDERATION
+    upload: bool = True
+    step_idx: int | None = None
+
+    @property
+    def step(self) -> int:
+        """The schedule position random streams are seeded from."""
+        return self.round_idx if self.step_idx is None else self.step_idx
 
 
 @dataclass(frozen=True)
@@ -53,12 +71,76 @@ class ClientResult:
 
 
 @dataclass(frozen=True)
-class CollaborationResult:
-    """New states of the participants after the lock-step phase, and the bytes it exchanged."""
+class RuntimeRecipe:
+    """A picklable description from which a worker rebuilds the same :class:`ClientRuntime`.
 
-    states: list[ClientState]
-    bytes_up: int
-    bytes_down: int
+    Either ``config_yaml`` (the resolved ``fedhet fit`` config, rebuilt with the CLI's parser)
+    or the plain objects themselves (algorithm, scenario, trainer: picklable configuration
+    objects, no live modules) describe the run.
+    """
+
+    architectures: tuple[str, ...]
+    seed: int
+    rounds: int
+    persist_optimizer_state: bool = True
+    feature_dim: int | None = None
+    config_yaml: str | None = None
+    algorithm: Algorithm | None = None
+    scenario: Any = None
+    trainer: TrainerTemplate | None = None
+
+    def build(self) -> ClientRuntime:
+        """The runtime this recipe describes (its scenario set up; modules built on first use)."""
+        algorithm, scenario, trainer = self.algorithm, self.scenario, self.trainer
+        if self.config_yaml is not None:
+            from fedhet.cli import build_objects_from_yaml
+
+            algorithm, scenario, trainer = build_objects_from_yaml(self.config_yaml)
+        if algorithm is None or scenario is None or trainer is None:
+            raise ValueError("a RuntimeRecipe needs config_yaml or algorithm, scenario and trainer")
+        scenario.setup()
+        return ClientRuntime(
+            algorithm,
+            scenario,
+            self.architectures,
+            trainer,
+            self.seed,
+            self.persist_optimizer_state,
+            self.feature_dim,
+            self.rounds,
+        )
+
+
+class LossMeter(Callback):
+    """The runtime's loss accounting: mean of what ``training_step`` returned over the last epoch.
+
+    Methods do not count losses themselves; a stage with manual optimisation returns its
+    detached loss from ``training_step`` like any other. Sums stay on the device (no host sync
+    per step) and are read once when the fit ends.
+    """
+
+    def __init__(self) -> None:
+        self.loss_sum = torch.zeros(())
+        self.steps = 0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.loss_sum = torch.zeros((), device=pl_module.device)
+        self.steps = 0
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, Tensor):
+            loss = loss.detach()
+            if pl_module.automatic_optimization and trainer.accumulate_grad_batches != 1:
+                loss = loss * trainer.accumulate_grad_batches  # Lightning divided it for the backward pass
+            self.loss_sum = self.loss_sum.to(loss.device) + loss
+            self.steps += 1
+
+    def mean(self) -> float:
+        """Mean loss over the last epoch (``nan`` when no step ran)."""
+        return float(self.loss_sum) / self.steps if self.steps else float("nan")
 
 
 class ClientRuntime:
@@ -97,7 +179,31 @@ class ClientRuntime:
         self.seed = seed
         self.persist_optimizer_state = persist_optimizer_state
         self._modules: dict[tuple[str, int], ClientModule] = {}
+        self._label_counts: Tensor | None = None
         self.device = trainer.device()
+        algorithm.configure(self.data_format)
+
+    # ------------------------------------------------------------------ what the server may know
+    @property
+    def data_format(self) -> DataFormat:
+        """The scenario's image format."""
+        return DataFormat(
+            image_size=int(self.scenario.image_size),
+            channels=int(self.scenario.in_channels),
+            mean=tuple(float(m) for m in self.scenario.mean),
+            std=tuple(float(s) for s in self.scenario.std),
+            num_classes=int(self.scenario.num_classes),
+        )
+
+    def label_counts(self) -> Tensor:
+        """``[num_clients, num_classes]`` training examples per class, counted once from the splits."""
+        if self._label_counts is None:
+            rows = []
+            for client_id in range(self.scenario.num_clients):
+                labels = self.scenario.client_data(client_id).train.y
+                rows.append(torch.bincount(labels.cpu().long(), minlength=self.scenario.num_classes))
+            self._label_counts = torch.stack(rows)
+        return self._label_counts
 
     # ------------------------------------------------------------------ modules and state
     def build_module(self, architecture: str, init_seed: int) -> ClientModule:
@@ -115,6 +221,10 @@ class ClientRuntime:
             )
             return self.algorithm.build_client(model, self.scenario.num_classes)
 
+    def build_network(self, architecture: str, init_seed: int) -> nn.Module:
+        """A client network of ``architecture`` as the method builds it (servers evaluate these)."""
+        return self.build_module(architecture, init_seed).model
+
     def module(self, architecture: str, slot: int = 0) -> ClientModule:
         """The live module of ``architecture`` (``slot`` > 0 when several must be live at once)."""
         key = (architecture, slot)
@@ -123,37 +233,61 @@ class ClientRuntime:
         return self._modules[key]
 
     def initial_state(self, client_id: int) -> ClientState:
-        """The state of a client before its first round: its own initialisation seed, fresh optimizer."""
+        """The state of a client before its first round: its own initialisation seed, fresh optimizers."""
         module = self.build_module(self.architectures[client_id], derive_seed(self.seed, "init", client_id))
         return {"module": clone_state(module.client_state()), "optimizer": None}
 
-    def _load(self, module: ClientModule, task: ClientTask) -> ClientState:
+    def _load(self, module: ClientModule, task: ClientTask, apply_download: bool = True) -> ClientState:
+        """Materialise a client in ``module``: its kept state, then (optionally) the download."""
         state = task.state if task.state is not None else self.initial_state(task.client_id)
         module.load_client_state(state["module"])
-        module.round_idx, module.total_rounds = task.round_idx, self.rounds
-        if task.receive:
+        module.round_idx, module.total_rounds, module.phase = task.round_idx, self.rounds, task.phase
+        if apply_download:
             module.on_receive(task.download)
         return state
 
     # ------------------------------------------------------------------ client steps
+    def _stage_trainer(self, stage: LocalStage, callbacks: list[Callback]) -> pl.Trainer:
+        if stage.epochs is None and stage.steps is None:
+            return self.trainer.build(callbacks=callbacks)
+        if stage.steps is not None:
+            return self.trainer.build(callbacks=callbacks, max_epochs=-1, max_steps=stage.steps)
+        return self.trainer.build(callbacks=callbacks, max_epochs=stage.epochs, max_steps=-1)
+
+    def _train_local(self, module: ClientModule, task: ClientTask, state: ClientState) -> ClientResult:
+        """Run the client's declared local stages in order, then upload: the rest of its round."""
+        stored = state.get("optimizer") if self.persist_optimizer_state else None
+        optimizers: dict[str, Any] = dict(stored) if isinstance(stored, dict) else {}
+        metrics: dict[str, float] = {}
+        stages = list(module.local_stages())
+        seed = derive_seed(self.seed, "fit", task.step, task.client_id)
+        for index, stage in enumerate(stages):
+            module.stage = stage.name
+            module.automatic_optimization = not stage.manual
+            carrier = OptimizerStateCarrier(optimizers.get(stage.name))
+            meter = LossMeter()
+            trainer = self._stage_trainer(stage, [carrier, meter])
+            stage_seed = seed if index == 0 else derive_seed(seed, "stage", stage.name)
+            with seeded(stage_seed, self.device):
+                trainer.fit(module, train_dataloaders=self.scenario.train_loader(task.client_id, stage_seed))
+            loss = meter.mean()
+            if not math.isfinite(loss) and meter.steps:
+                raise TrainingError(
+                    f"client {task.client_id} got a non-finite training loss in round {task.round_idx} "
+                    f"(stage '{stage.name}'); lower method.lr or set --trainer.gradient_clip_val"
+                )
+            optimizers[stage.name] = carrier.states
+            metrics["train/loss" if index == 0 else f"train/{stage.name}_loss"] = loss
+        module.stage = stages[0].name if stages else "local"
+        upload = self._make_upload(module, task.client_id) if task.upload else None
+        new_state = {"module": clone_state(module.client_state()), "optimizer": optimizers}
+        return ClientResult(task.client_id, upload, new_state, metrics)
+
     def fit_client(self, task: ClientTask) -> ClientResult:
-        """Receive, train for the local budget, upload: one client's round."""
+        """Receive, run the local stages, upload: one client's round."""
         module = self.module(self.architectures[task.client_id])
-        state = self._load(module, task)
-        seed = derive_seed(self.seed, "fit", task.round_idx, task.client_id)
-        carrier = OptimizerStateCarrier(state.get("optimizer") if self.persist_optimizer_state else None)
-        trainer = self.trainer.build(callbacks=[carrier])
-        with seeded(seed, self.device):
-            trainer.fit(module, train_dataloaders=self.scenario.train_loader(task.client_id, seed))
-        loss = module.mean_train_loss()
-        if not math.isfinite(loss):
-            raise TrainingError(
-                f"client {task.client_id} got a non-finite training loss in round {task.round_idx}; "
-                "lower method.lr or set --trainer.gradient_clip_val"
-            )
-        upload = self._make_upload(module, task.client_id)
-        new_state = {"module": clone_state(module.client_state()), "optimizer": carrier.states}
-        return ClientResult(task.client_id, upload, new_state, {"train/loss": loss})
+        state = self._load(module, task, apply_download=task.upload)
+        return self._train_local(module, task, state)
 
     def _make_upload(self, module: ClientModule, client_id: int) -> Payload | None:
         train = self.scenario.client_data(client_id).train
@@ -166,8 +300,13 @@ class ClientRuntime:
             return None
         return dataclasses.replace(upload.to("cpu"), num_examples=len(train))
 
-    def collaborate(self, round_idx: int, tasks: Sequence[ClientTask]) -> CollaborationResult:
-        """The lock-step phase: every participant live at once, stepping on the same public batches."""
+    def fit_collaborative(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientResult], int, int]:
+        """The lock-step phase with every participant live at once, then each one's local stages.
+
+        Each participant is materialised once (its download applied once), steps on the same
+        public batches as the others, and goes on to its local update in the same live module.
+        Returns the results and the bytes the lock-step phase exchanged (up, down).
+        """
         slots: dict[str, int] = {}
         modules: list[ClientModule] = []
         states: list[ClientState] = []
@@ -180,42 +319,60 @@ class ClientRuntime:
         phase = self.algorithm.build_collaborative_phase(modules)
         if phase is None:
             raise TrainingError(f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase")
-        phase.round_idx, phase.total_rounds = round_idx, self.rounds
-        seed = derive_seed(self.seed, "collaborate", round_idx)
+        phase.round_idx, phase.total_rounds = tasks[0].round_idx, self.rounds
+        seed = derive_seed(self.seed, "collaborate", tasks[0].step)
         trainer = self.trainer.build(max_epochs=self.algorithm.collaborative_epochs(), max_steps=-1, limit_train_batches=None)
         with seeded(seed, self.device):
             trainer.fit(phase, train_dataloaders=self.scenario.public_loader(seed))
-        new_states = [
-            {"module": clone_state(module.client_state()), "optimizer": state.get("optimizer")}
-            for module, state in zip(modules, states)
-        ]
-        return CollaborationResult(new_states, phase.exchanged_bytes_up, phase.exchanged_bytes_down)
+        results = [self._train_local(module, task, state) for module, task, state in zip(modules, tasks, states)]
+        return results, phase.exchanged_bytes_up, phase.exchanged_bytes_down
 
     # ------------------------------------------------------------------ evaluation
-    def _batches_on_device(self, data: Any) -> Any:
+    def _batches_on_device(self, data: Any) -> Iterator[tuple[Tensor, Tensor]]:
         """Evaluation-order batches of ``data`` on the evaluation device (built only if iterated)."""
         device = self.device
         for x, y in self.scenario.eval_loader(data):
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
-    @torch.no_grad()
-    def evaluate_client(self, task: ClientTask, eval_sets: Sequence[Any]) -> list[tuple[Tensor, Tensor]]:
-        """Logits of the model a client holds (its state plus the latest download) on each set.
+    def eval_sets(self, client_id: int | None) -> list[Any]:
+        """Evaluation sets of a client (test columns, then validation columns), or the global ones (``None``).
 
-        Returns, per evaluation set, ``(top-k correct counts [2], total [1])`` for k = 1 and 5.
+        Domain shift: every domain's test set (then every domain's validation set). Label skew:
+        the client's own split, then the global set; the server's models see the global set only.
         """
+        sets: list[Any] = []
+        for split in ("test", "val"):
+            shared = list(self.scenario.eval_sets(split).values())
+            if self.scenario.kind == "domain_shift":
+                sets.extend(shared)
+            elif client_id is None:
+                sets.append(shared[0])
+            else:
+                sets.extend([getattr(self.scenario.client_data(client_id), split), shared[0]])
+        return sets
+
+    @torch.no_grad()
+    def evaluate_model(self, model: nn.Module, eval_sets: Sequence[Any]) -> list[tuple[Tensor, Tensor]]:
+        """Per evaluation set, ``(top-k correct counts [2], total [1])`` of ``model`` for k = 1 and 5."""
         from fedhet.metrics import topk_correct
 
-        module = self.module(self.architectures[task.client_id])
-        self._load(module, task)
-        module.to(self.device).eval()
+        was_training = model.training
+        model.to(self.device).eval()
         results = []
         for data in eval_sets:
             correct = torch.zeros(2, dtype=torch.float64)
             total = 0
             for x, y in self._batches_on_device(data):
-                correct += topk_correct(module(x), y, (1, 5)).cpu().to(torch.float64)
+                correct += topk_correct(model(x), y, (1, 5)).cpu().to(torch.float64)
                 total += y.numel()
             results.append((correct, torch.tensor([float(total)], dtype=torch.float64)))
+        model.train(was_training)
+        return results
+
+    def evaluate_client(self, task: ClientTask, apply_download: bool = True) -> list[tuple[Tensor, Tensor]]:
+        """The model a client holds (its state, plus the latest download unless told otherwise) on its sets."""
+        module = self.module(self.architectures[task.client_id])
+        self._load(module, task, apply_download=apply_download)
+        results = self.evaluate_model(module, self.eval_sets(task.client_id))
         module.train()
         return results

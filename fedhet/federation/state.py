@@ -14,41 +14,14 @@ of CPU tensors. Two stores share one interface:
 
 from __future__ import annotations
 
-import os
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from fedhet.errors import CheckpointError
+from fedhet.core.state import atomic_torch_save, safe_torch_load
 
 ClientState = dict[str, Any]
-
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file in the same directory, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def safe_torch_load(path: Path, what: str) -> Any:
-    """``torch.load(weights_only=True)`` with a one-line error for missing or corrupt files."""
-    if not path.is_file():
-        raise CheckpointError(f"{what} not found at '{path}'; check the path or start a new run")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
-        raise CheckpointError(
-            f"{what} at '{path}' is corrupt or not a fedhet file ({type(exc).__name__}); "
-            "delete it and resume from an earlier run directory, or start a new run"
-        ) from None
 
 
 class ClientStateStore(ABC):
@@ -146,19 +119,3 @@ class DiskStateStore(ClientStateStore):
         self.prune()  # drop files staged by a round that never committed
 
 
-def copy_state_into(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """``module.load_state_dict(state)`` semantics at a fraction of the cost, for weight swapping.
-
-    The round loop swaps client weights into live modules several times per client and round;
-    ``load_state_dict`` walks the module tree with hooks and checks and costs about 3 ms for a
-    small ResNet, copying tensor by tensor into ``state_dict(keep_vars=True)`` about 0.6 ms.
-    Anything unusual (missing or unexpected keys, a shape mismatch) falls back to
-    ``load_state_dict`` so errors read exactly as PyTorch's.
-    """
-    own = module.state_dict(keep_vars=True)
-    if own.keys() != state.keys() or any(own[k].shape != state[k].shape for k in own):
-        module.load_state_dict(state)
-        return
-    with torch.no_grad():
-        for key, tensor in own.items():
-            tensor.copy_(state[key])

@@ -10,7 +10,6 @@ captures it at the end (NVFlare's ``RestoreState`` pattern).
 
 from __future__ import annotations
 
-import copy
 import logging
 import warnings
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError
 
 _LEAN_FLAGS: dict[str, Any] = {
@@ -189,16 +189,45 @@ class TrainerTemplate:
         return torch.device("cpu")
 
 
-def _clone_to_cpu(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _clone_to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clone_to_cpu(v) for v in value]
-    return copy.deepcopy(value)
+class ServerTrainerTemplate:
+    """Hardware and numerics of every trained server stage (the ``server_trainer:`` config block).
+
+    A server stage's *budget* is the method's own (generator steps, distillation steps, server
+    epochs ...), declared by :meth:`fedhet.algorithms.base.RefineStage.refine_budget`; this
+    template only says where and how stages run. The clients' ``trainer:`` block never applies
+    to the server, so ``trainer.max_steps`` or ``limit_train_batches`` cannot cut a server stage short.
+
+    Args:
+        accelerator: ``"cpu"``, ``"gpu"``, ``"auto"`` ...
+        precision: Lightning precision string, e.g. ``"32-true"``, ``"bf16-mixed"``.
+        gradient_clip_val: clip the server stages' gradients to this norm (``None``: no clipping).
+        deterministic: ``torch.use_deterministic_algorithms`` for each server fit.
+    """
+
+    def __init__(
+        self,
+        accelerator: str = "auto",
+        precision: str = "32-true",
+        gradient_clip_val: float | None = None,
+        deterministic: bool | None = None,
+    ) -> None:
+        self._template = TrainerTemplate(
+            accelerator=accelerator, precision=precision, gradient_clip_val=gradient_clip_val, deterministic=deterministic
+        )
+        self.accelerator = accelerator
+        self.precision = precision
+        self.gradient_clip_val = gradient_clip_val
+        self.deterministic = deterministic
+
+    def build(self, epochs: int | None, steps: int | None) -> pl.Trainer:
+        """A fresh lean Trainer with the stage's budget: ``steps`` optimisation steps, else ``epochs`` passes."""
+        if steps is not None:
+            return self._template.build(max_epochs=-1, max_steps=steps)
+        return self._template.build(max_epochs=epochs if epochs is not None else 1, max_steps=-1)
+
+    def device(self) -> torch.device:
+        """The device server stages run on."""
+        return self._template.device()
 
 
 class OptimizerStateCarrier(Callback):
@@ -225,9 +254,6 @@ class OptimizerStateCarrier(Callback):
             optimizer.load_state_dict(state)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.states = [_clone_to_cpu(optimizer.state_dict()) for optimizer in trainer.optimizers]
+        self.states = [clone_state(optimizer.state_dict()) for optimizer in trainer.optimizers]
 
 
-def clone_state(state: dict[str, Any]) -> dict[str, Any]:
-    """A detached CPU copy of a (nested) state dict, safe to store while the module is reused."""
-    return _clone_to_cpu(state)

@@ -31,13 +31,6 @@ from fedhet.functional.fccl import (
     kd_loss,
     linear_round_decay,
 )
-from fedhet.functional.prototype_learning import (
-    adaptive_margin,
-    margin_contrastive_loss,
-    pairwise_distances,
-    prototype_alignment_loss,
-    prototype_examples,
-)
 from fedhet.functional.mutual_learning import (
     adaptive_distillation_weight,
     adaptive_mutual_distillation,
@@ -50,6 +43,13 @@ from fedhet.functional.mutual_learning import (
     mutual_learning_losses,
     svd_compress,
     svd_decompress,
+)
+from fedhet.functional.prototype_learning import (
+    adaptive_margin,
+    margin_contrastive_loss,
+    pairwise_distances,
+    prototype_alignment_loss,
+    prototype_examples,
 )
 from fedhet.functional.prototypes import class_means
 from fedhet.functional.regularizers import proximal_term

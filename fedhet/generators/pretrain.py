@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedhet.core.state import atomic_torch_save, safe_torch_load
 from fedhet.errors import CheckpointError, ConfigError, TrainingError
-from fedhet.federation.state import atomic_torch_save, safe_torch_load
 from fedhet.generators.base import DEFAULT_GENERATOR, check_artifact_name, generators_dir
 from fedhet.generators.stylegan import Discriminator, StyleGenerator, StyleGeneratorAdapter, StyleGeneratorConfig
 from fedhet.seeding import derive_seed, seeded

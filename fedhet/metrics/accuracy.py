@@ -7,7 +7,6 @@ from torch import Tensor
 from torchmetrics import Metric
 
 
-
 class ClientSetAccuracy(Metric):
     """Accumulates top-1 and top-5 correct counts per (client, evaluation set).
 

@@ -15,15 +15,21 @@ HEADLINE = {
     "label_skew": ("acc_local", "acc_global", "acc_local_top5", "acc_global_top5"),
 }
 
+#: Top-1 accuracy (percent) of the server-side models on the global sets, for methods that have them.
+SERVER_KEY = "acc_server"
+
 
 def _pct(value: Tensor | float) -> float:
     return round(100.0 * float(value), 4)
 
 
 def domain_shift_metrics(
-    result: dict[str, Tensor], own_domain: Tensor, domain_names: Sequence[str]
+    result: dict[str, Tensor], own_domain: Tensor, domain_names: Sequence[str], client_ids: Sequence[int] | None = None
 ) -> dict[str, float]:
-    """Intra/inter metrics (top-1 and top-5), per client and per domain, in percent."""
+    """Intra/inter metrics (top-1 and top-5), per client and per domain, in percent.
+
+    Row ``i`` of the matrices is client ``client_ids[i]`` (default: client ``i``).
+    """
     metrics: dict[str, float] = {}
     for suffix, key in (("", "top1"), ("_top5", "top5")):
         intra, inter = intra_inter_accuracy(result[key], own_domain)
@@ -31,7 +37,8 @@ def domain_shift_metrics(
         metrics[f"acc_inter{suffix}"] = _pct(inter.mean())
         if suffix:
             continue
-        for client, (a, b) in enumerate(zip(intra.tolist(), inter.tolist())):
+        ids = list(client_ids) if client_ids is not None else list(range(len(intra)))
+        for client, a, b in zip(ids, intra.tolist(), inter.tolist(), strict=True):
             metrics[f"client/{client}/acc_intra"] = _pct(a)
             metrics[f"client/{client}/acc_inter"] = _pct(b)
         for index, name in enumerate(domain_names):
@@ -44,8 +51,11 @@ def domain_shift_metrics(
     return metrics
 
 
-def label_skew_metrics(result: dict[str, Tensor]) -> dict[str, float]:
-    """Local (column 0: own test split) and global (column 1: global test set) accuracy, in percent."""
+def label_skew_metrics(result: dict[str, Tensor], client_ids: Sequence[int] | None = None) -> dict[str, float]:
+    """Local (column 0: own test split) and global (column 1: global test set) accuracy, in percent.
+
+    Row ``i`` of the matrices is client ``client_ids[i]`` (default: client ``i``).
+    """
     metrics: dict[str, float] = {}
     total = result["total"][:, 0]
     for suffix, key in (("", "top1"), ("_top5", "top5")):
@@ -57,9 +67,10 @@ def label_skew_metrics(result: dict[str, Tensor]) -> dict[str, float]:
         global_acc = result[key][:, 1]
         metrics[f"acc_global{suffix}"] = _pct(global_acc.mean())
         metrics[f"acc_global_std{suffix}"] = _pct(global_acc.std(unbiased=False) if global_acc.numel() > 1 else 0.0)
-    for client in range(result["top1"].shape[0]):
-        metrics[f"client/{client}/acc_local"] = _pct(result["top1"][client, 0])
-        metrics[f"client/{client}/acc_global"] = _pct(result["top1"][client, 1])
+    ids = list(client_ids) if client_ids is not None else list(range(result["top1"].shape[0]))
+    for row, client in enumerate(ids):
+        metrics[f"client/{client}/acc_local"] = _pct(result["top1"][row, 0])
+        metrics[f"client/{client}/acc_global"] = _pct(result["top1"][row, 1])
     return metrics
 
 
@@ -69,13 +80,17 @@ def round_metrics(
     val: dict[str, Tensor] | None,
     own_domain: Tensor,
     domain_names: Sequence[str],
+    client_ids: Sequence[int] | None = None,
 ) -> dict[str, float]:
-    """All accuracy metrics of one round: test values unprefixed, validation values under ``val/``."""
+    """All accuracy metrics of one round: test values unprefixed, validation values under ``val/``.
+
+    ``client_ids`` names the clients of the matrices' rows when only some were evaluated.
+    """
 
     def compute(result: dict[str, Tensor]) -> dict[str, float]:
         if kind == "domain_shift":
-            return domain_shift_metrics(result, own_domain, domain_names)
-        return label_skew_metrics(result)
+            return domain_shift_metrics(result, own_domain, domain_names, client_ids)
+        return label_skew_metrics(result, client_ids)
 
     metrics = compute(test)
     if val is not None:
@@ -90,8 +105,8 @@ class BestTracker:
     "best" on test).
     """
 
-    def __init__(self, kind: str) -> None:
-        self.keys = HEADLINE[kind]
+    def __init__(self, kind: str, with_server: bool = False) -> None:
+        self.keys = HEADLINE[kind] + ((SERVER_KEY,) if with_server else ())
         self.best: dict[str, dict[str, float]] = {}
 
     def update(self, round_idx: int, metrics: dict[str, float]) -> None:
@@ -132,4 +147,4 @@ def as_matrix_list(matrix: Tensor) -> list[list[float]]:
     return [[_pct(v) for v in row] for row in matrix.tolist()]
 
 
-__all__ = ["HEADLINE", "BestTracker", "as_matrix_list", "mean_last", "round_metrics"]
+__all__ = ["HEADLINE", "SERVER_KEY", "BestTracker", "as_matrix_list", "mean_last", "round_metrics"]

@@ -13,11 +13,9 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
-import torch
-
 from fedhet.errors import ConfigError
-from fedhet.seeding import seeded
 from fedhet.models.base import FeatureClassifier
+from fedhet.seeding import seeded
 
 __all__ = ["create_model", "is_model", "list_models", "model_tags", "register_model"]
 

@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fedhet.core.state import atomic_torch_save, safe_torch_load
 from fedhet.errors import CheckpointError
-from fedhet.federation.state import atomic_torch_save, safe_torch_load
 
 CHECKPOINT_FORMAT = 1
 

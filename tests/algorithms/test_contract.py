@@ -17,6 +17,7 @@ from fedhet.federation import FederationLoop
 from fedhet.models import resolve_family
 from tests.conftest import SCENARIOS
 
+
 # Every method runs on the tiny family of its kind (heterogeneous: tiny2, else tiny_homo) on each
 # scenario kind it supports. The CPU architectures of the embedded configs (cpu4, cpu_homo) and
 # the paper-scale (GPU) families are covered model by model in tests/models (forward, features,
@@ -31,6 +32,7 @@ CASES = [(name, _tiny_family(name), kind) for name in list_algorithms() for kind
 # here; the contract is about shapes, types, sizes and determinism, not about convergence.
 FAST = {
     "fccl": {"pretrain_epochs": 1},
+    "feddf_server": {"distill_steps": 2},
     "fedgen": {"generator_steps": 2},
     "fedgh": {"server_epochs": 2},
     "fedtgp": {"server_epochs": 2},

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.base import ClientUpload
-from fedhet.algorithms.fedgen import FedGen, FedGenDownload, FeatureGenerator, HeadCountsPayload
+from fedhet.algorithms.fedgen import FeatureGenerator, FedGen, FedGenDownload, HeadCountsPayload
 from fedhet.algorithms.fedkd import FedKD, FedKDClient, SVDStatePayload
 from fedhet.algorithms.fml import FML
 from fedhet.errors import TrainingError

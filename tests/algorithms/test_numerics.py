@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhet.algorithms.base import ClientUpload, ServerContext
+from fedhet.algorithms.common import ClassMeanServer, FedProtoClient
 from fedhet.algorithms.fd import FD, FDClient
 from fedhet.algorithms.fedavg import FedAvg, FedAvgServer
 from fedhet.algorithms.fedprox import FedProx
-from fedhet.algorithms.fedproto import ClassMeanServer, FedProtoClient
 from fedhet.errors import TrainingError
 from fedhet.federation import FederationLoop
 from fedhet.federation.payloads import ClassStatsPayload, WeightsPayload

@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedhet.algorithms import FedDF, FedMatch, FedMD, RHFL
+from fedhet.algorithms import RHFL, FedDF, FedMatch, FedMD
 from fedhet.algorithms.base import ClientUpload, ServerContext
 from fedhet.algorithms.fedmatch import Cutout
 from fedhet.algorithms.rhfl import ClientConfidencePayload, ClientConfidenceServer, PrivateLossPayload, RHFLClient

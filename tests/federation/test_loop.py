@@ -86,7 +86,7 @@ def test_optimizer_state_survives_rounds():
     loop.run()
     state = loop.store.get(0)["optimizer"]
     assert state is not None and len(state) == 1
-    buffers = [v["momentum_buffer"] for v in state[0]["state"].values()]
+    buffers = [v["momentum_buffer"] for v in state["local"][0]["state"].values()]
     assert buffers and all(torch.isfinite(b).all() for b in buffers)
     # turning persistence off restarts the optimizer each round and changes the trajectory
     off = _loop(Local(lr=0.05, momentum=0.9), rounds=2, persist_optimizer_state=False).run()
@@ -168,8 +168,8 @@ class _DistillServer(TrainableServerPhase):
     def aggregate(self, round_idx, uploads: Sequence[ClientUpload]) -> None:
         self.received = len(uploads)
 
-    def server_dataloader(self, scenario, seed):
-        return scenario.public_loader(seed)
+    def server_dataloader(self, seed):
+        return self.context.public_loader(seed)
 
     def training_step(self, batch, batch_idx):
         self.steps += 1

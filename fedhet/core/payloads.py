@@ -1,0 +1,166 @@
+"""Payloads: everything that crosses the network between a client and the server.
+
+A payload is a frozen dataclass whose fields are tensors (or dicts of tensors, or plain ints).
+The round loop measures communication from :meth:`Payload.nbytes` (the bytes of the tensors as
+they would be serialised), never from a formula, and validates every payload the server receives
+with :meth:`Payload.validate` (floating dtypes, finite values, and the shapes the method
+expects), so that one diverged or malicious client cannot silently poison an aggregate.
+
+Methods reuse the payloads here when one fits and declare their own (in their own file) when
+none does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedhet.errors import TrainingError
+
+
+def _tensors(value: Any) -> Iterator[tuple[str, Tensor]]:
+    if isinstance(value, Tensor):
+        yield "", value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            for sub, tensor in _tensors(item):
+                yield f".{key}{sub}", tensor
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            for sub, tensor in _tensors(item):
+                yield f"[{index}]{sub}", tensor
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Base class of all payloads.
+
+    Subclasses are frozen dataclasses. ``num_examples`` is the sender's number of training
+    examples (Flower's weighting convention; 0 for server downloads). It is metadata and is not
+    counted in :meth:`nbytes`.
+    """
+
+    num_examples: int = 0
+
+    def tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """Yield ``(name, tensor)`` for every tensor carried, nested containers included."""
+        for field in dataclasses.fields(self):
+            for sub, tensor in _tensors(getattr(self, field.name)):
+                yield field.name + sub, tensor
+
+    def nbytes(self) -> int:
+        """Bytes of tensor data this payload puts on the wire."""
+        return sum(t.numel() * t.element_size() for _, t in self.tensors())
+
+    def validate(self, sender: str = "client") -> None:
+        """Reject non-finite floating tensors and complex dtypes.
+
+        Raises:
+            TrainingError: naming the sender, the field and the problem.
+        """
+        floating = []
+        for name, tensor in self.tensors():
+            if tensor.is_complex():
+                raise TrainingError(f"{sender} sent field '{name}' with unsupported dtype {tensor.dtype}")
+            if tensor.is_floating_point():
+                floating.append((name, tensor))
+        if not floating:
+            return
+        # one fused check over everything; the per-field search runs only when it fails
+        if bool(torch.isfinite(torch.cat([t.reshape(-1).float() for _, t in floating])).all()):
+            return
+        name = next(n for n, t in floating if not bool(torch.isfinite(t).all()))
+        raise TrainingError(
+            f"{sender} sent non-finite values in '{name}' (training diverged?); "
+            "lower the learning rate or enable gradient clipping (--trainer.gradient_clip_val)"
+        )
+
+    def map_tensors(self, fn: Callable[[str, Tensor], Tensor]) -> Payload:
+        """Return a copy with every tensor replaced by ``fn(name, tensor)`` (names as :meth:`tensors`)."""
+
+        def apply(name: str, value: Any) -> Any:
+            if isinstance(value, Tensor):
+                return fn(name, value)
+            if isinstance(value, Mapping):
+                return {k: apply(f"{name}.{k}", v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return type(value)(apply(f"{name}[{i}]", v) for i, v in enumerate(value))
+            return value
+
+        return dataclasses.replace(
+            self, **{f.name: apply(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)}
+        )
+
+    def to(self, device: torch.device | str) -> Payload:
+        """Return a copy with every tensor moved to ``device``."""
+        return self.map_tensors(lambda _, tensor: tensor.to(device))
+
+
+def check_shape(sender: str, name: str, tensor: Tensor, expected: tuple[int, ...]) -> None:
+    """Raise a one-line :class:`TrainingError` when ``tensor`` does not have shape ``expected``."""
+    if tuple(tensor.shape) != tuple(expected):
+        raise TrainingError(
+            f"{sender} sent '{name}' of shape {tuple(tensor.shape)}, expected {tuple(expected)}; "
+            "all clients must use the same num_classes / feature layout"
+        )
+
+
+@dataclass(frozen=True)
+class WeightsPayload(Payload):
+    """A model's (or a sub-module's) ``state_dict``: FedAvg, FedProx, LG-FedAvg heads ..."""
+
+    weights: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+
+    def validate_against(self, reference: Mapping[str, Tensor], sender: str = "client") -> None:
+        """Validate values, then keys and shapes against a reference ``state_dict``."""
+        self.validate(sender)
+        if set(self.weights) != set(reference):
+            missing = sorted(set(reference) - set(self.weights))[:3]
+            extra = sorted(set(self.weights) - set(reference))[:3]
+            raise TrainingError(
+                f"{sender} sent weights whose keys differ from the global model (missing {missing}, "
+                f"unexpected {extra}); this method needs one architecture for all clients"
+            )
+        for key, tensor in self.weights.items():
+            check_shape(sender, f"weights.{key}", tensor, tuple(reference[key].shape))
+            if tensor.is_floating_point() != reference[key].is_floating_point():
+                raise TrainingError(
+                    f"{sender} sent 'weights.{key}' as {tensor.dtype} where the global model holds "
+                    f"{reference[key].dtype}; send weights in their own dtype"
+                )
+
+
+@dataclass(frozen=True)
+class ClassStatsPayload(Payload):
+    """Per-class statistics: prototypes (FedProto), average logits (FD), ETF-space prototypes ...
+
+    ``values[c]`` is the mean over the sender's examples of class ``c``; ``counts[c]`` is how
+    many examples that mean is over. Classes the sender does not hold have ``counts[c] == 0``
+    and their row is ignored by every aggregation (their value is zero and carries no meaning).
+
+    Only rows of classes held are sent, so :meth:`nbytes` counts ``values`` rows with a
+    non-zero count plus one int64 count per class sent, matching how the papers count uploads.
+    """
+
+    values: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, 0))
+    counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def nbytes(self) -> int:
+        held = int((self.counts > 0).sum())
+        row = self.values[0].numel() * self.values.element_size() if self.values.numel() else 0
+        return held * (row + self.counts.element_size())
+
+    def validate_shape(self, num_classes: int, dim: int | None, sender: str = "client") -> None:
+        """Validate values, then ``values`` is ``[num_classes, dim]`` and counts are non-negative."""
+        self.validate(sender)
+        if self.values.dim() != 2:
+            raise TrainingError(f"{sender} sent class statistics with {self.values.dim()} dims, expected 2")
+        check_shape(sender, "values", self.values, (num_classes, dim if dim is not None else self.values.shape[1]))
+        check_shape(sender, "counts", self.counts, (num_classes,))
+        if self.counts.is_floating_point() or bool((self.counts < 0).any()):
+            raise TrainingError(f"{sender} sent invalid class counts (must be non-negative integers)")
