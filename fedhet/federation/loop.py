@@ -192,6 +192,7 @@ class FederationLoop:
         started = time.perf_counter()
         self.ledger.start_round()
         selected = sample_clients(self.scenario.num_clients, self.participation, self.seed, round_idx)
+        self._notify("on_round_start", round_idx, len(selected))
         tasks = []
         for cid in selected:
             download = self._download(cid, round_idx)
@@ -208,7 +209,10 @@ class FederationLoop:
                 for t, state in zip(tasks, collaboration.states)
             ]
 
-        results = self.executor.fit_clients(tasks)
+        results = []
+        for task in tasks:  # one client per call, so that progress observers see each client end
+            results += self.executor.fit_clients([task])
+            self._notify("on_client_end", round_idx, len(results), len(tasks))
         fit_s = time.perf_counter() - started
         uploads = []
         for result in results:
@@ -240,12 +244,20 @@ class FederationLoop:
 
         eval_started = time.perf_counter()
         if (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1:
+            self._notify("on_evaluate_start", round_idx)
             record.update(self.evaluate(round_idx))
             self.best.update(round_idx, record)
         record["time/fit_s"] = round(fit_s, 3)
         record["time/eval_s"] = round(time.perf_counter() - eval_started, 3)
         record["time/round_s"] = round(time.perf_counter() - started, 3)
         return record
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        """Call the optional progress hook ``hook`` (``on_round_start``, ``on_client_end``, ``on_evaluate_start``)."""
+        for callback in self.callbacks:
+            method = getattr(callback, hook, None)
+            if method is not None:
+                method(self, *args)
 
     def _download(self, client_id: int, round_idx: int) -> Payload | None:
         """What ``client_id`` receives at the start of ``round_idx`` (perturbed when download noise is on)."""
