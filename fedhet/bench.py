@@ -162,6 +162,7 @@ def run_cells(
     docstring). A failed cell does not stop the others; its log path and last line are echoed.
     """
     root = Path(root)
+    cwd = Path.cwd() if cwd is None else cwd  # fixed now: the runs' relative config paths resolve from here
     pending = [c for c in cells if cell_state(c.run_dir(root)) != "complete"]
     echo(f"{len(cells) - len(pending)} of {len(cells)} cells already complete under {root}")
     env = dict(os.environ) if env is None else env

@@ -354,6 +354,9 @@ class Sweep:
                 f"{self.spec['method']} search does not end by itself: pass --count N (or run_cap: in the sweep config)"
             )
         env = child_environment(threads, {"WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP", self.name)})
+        # Explicit: parsing a config (validate) briefly changes this process's working directory
+        # (jsonargparse resolves relative paths from the config's folder) while another run starts.
+        cwd = Path.cwd()
         started = 0
         futures: dict[Future[int], dict[str, Any]] = {}
         exhausted = False
@@ -388,7 +391,7 @@ class Sweep:
                     run["started"] = time.time()
                     self.active.append(run)
                     self.save()
-                    futures[pool.submit(run_process, run["command"], Path(run["log"]), env)] = run
+                    futures[pool.submit(run_process, run["command"], Path(run["log"]), env, cwd)] = run
                 if not futures:
                     break
                 done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
