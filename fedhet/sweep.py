@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import sys
@@ -48,6 +49,7 @@ DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 #: The command that works for fedhet, offline and with ``wandb agent``.
 WORKING_COMMAND = "[${env}, ${interpreter}, -m, fedhet, fit, --config, X.yaml, ${args}]"
 NULL_SPELLINGS = ("None", "none")
+ENVVAR = re.compile(r"\$\{envvar\:([A-Z0-9_]*)\}")
 #: What ``sweep_results.json`` keeps of each run.
 RESULT_KEYS = ("name", "params", "flags", "metric", "state", "exit_code", "seconds", "run_dir", "log", "error")
 
@@ -74,22 +76,29 @@ def parse_accepting_none(parser: Any, args: Sequence[str]) -> Any:
 
     ``None`` is what W&B's agent writes for a swept ``null`` (it formats ``f"--{key}={value}"``),
     and no fedhet option takes the string "None", so it is always null. Lowercase ``none`` is a
-    legitimate choice of some options (e.g. FCCL+'s ``local_distillation``), so it is read as
-    null only where the parse fails otherwise.
+    legitimate choice of some options (e.g. FCCL+'s ``local_distillation``), so the arguments are
+    first parsed as written and ``none`` is read as null only when that fails.
     """
     args = _with_null(args, ("None",))
     if not any(a == "none" or a.endswith("=none") for a in args):
         return parser.parse_args(args)
     try:
-        return parser.parse_args(_with_null(args, NULL_SPELLINGS))
-    except Exception:  # the string "none" is a valid choice there: parse as written
         return parser.parse_args(args)
+    except Exception as exc:  # e.g. --feature_dim=none: an int or null, so null was meant
+        try:
+            return parser.parse_args(_with_null(args, NULL_SPELLINGS))
+        except Exception:
+            raise exc from None
 
 
 # ---------------------------------------------------------------------------------------------- the sweep config
 def _sweeps() -> Any:
+    import warnings
+
     try:
-        import sweeps
+        with warnings.catch_warnings():  # sweeps 0.3 still spells a pydantic v1 config key
+            warnings.simplefilter("ignore", UserWarning)
+            import sweeps
     except ImportError:
         raise ConfigError(
             "fedhet sweep needs W&B's sweep engine: pip install --no-deps sweeps jsonref (see docs/sweeps.md)"
@@ -176,6 +185,9 @@ def build_command(
         "program": [program] if program else [],
         "args": flags,
         "args_no_hyphens": [f[2:] for f in flags],
+        "args_no_equals": [part for k, v in values.items() for part in (f"--{k}", flag_value(v))],
+        "args_append_hydra": ["+" + f[2:] for f in flags],
+        "args_override_hydra": ["++" + f[2:] for f in flags],
         "args_no_boolean_flags": [
             f"--{k}" if v is True else f"--{k}={flag_value(v)}" for k, v in values.items() if v is not False
         ],
@@ -184,9 +196,9 @@ def build_command(
     }
     command: list[str] = []
     for token in template:
-        if token.startswith("${envvar:") and token.endswith("}"):
-            command.append(os.environ.get(token[len("${envvar:") : -1], ""))
-        elif token.startswith("${") and token.endswith("}"):
+        # ${envvar:NAME} anywhere in a token; an unset variable leaves its name, as the agent does
+        token = ENVVAR.sub(lambda m: os.environ.get(m.group(1), m.group(1)), token)
+        if token.startswith("${") and token.endswith("}"):
             command += macros.get(token[2:-1], [])
         else:
             command.append(token)
