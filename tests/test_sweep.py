@@ -21,6 +21,7 @@ DIGITS = str(ROOT / "configs/experiments/digits/fedproto.yaml")
 
 @pytest.fixture(scope="module")
 def parser():
+    """The fedhet fit parser, built once for the module."""
     from fedhet.cli import build_parser
 
     return build_parser()
@@ -52,7 +53,8 @@ def test_lowercase_none_stays_a_choice_where_it_is_one(parser):
 def test_flags_are_formatted_as_the_wandb_agent_formats_them():
     """``${args}`` and its variants expand to what ``wandb agent`` would run."""
     utils = pytest.importorskip("wandb.sdk.launch.sweeps.utils")
-    params = {"feature_dim": None, "method.init_args.lr": 0.05, "seed": 2, "scenario.domains": ["mnist", "uci"], "b": True}
+    params = {"feature_dim": None, "method.init_args.lr": 0.05, "seed": 2, "scenario.domains": ["mnist", "uci"]}
+    params["b"] = True
     expected = utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in params.items()}})
     template = ["${env}", "${interpreter}", "-m", "fedhet", "fit", "--config", "x.yaml", "${args}"]
     command = build_command(template, params, None)
@@ -102,7 +104,8 @@ def test_random_and_bayes_proposals_are_seeded_and_use_results(tmp_path):
     first = [Sweep(random_spec, tmp_path / "a", seed=3).propose([]) for _ in range(2)]
     assert first[0] == first[1] and 1e-3 <= first[0]["method.init_args.lr"] <= 1e-1
     assert Sweep(random_spec, tmp_path / "b", seed=4).propose([]) != first[0]
-    bayes_spec = {"method": "bayes", "metric": {"name": "acc_inter", "goal": "maximize"}, "parameters": space, "command": command}
+    metric = {"name": "acc_inter", "goal": "maximize"}
+    bayes_spec = {"method": "bayes", "metric": metric, "parameters": space, "command": command}
     sweep = Sweep(bayes_spec, tmp_path / "c")
     for index, lr in enumerate([0.001, 0.01, 0.1]):
         sweep.runs.append({"name": f"run-{index:03d}", "params": {"method.init_args.lr": lr}, "state": "finished",
