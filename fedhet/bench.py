@@ -337,6 +337,8 @@ def curves_png(
     ``series[label][seed][panel]`` is the list of per-round values; seeds are cut to the shortest.
     """
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, len(titles), figsize=(6 * len(titles), 4.2), squeeze=False)
     for panel, title in enumerate(titles):
         ax = axes[0][panel]
@@ -349,6 +351,7 @@ def curves_png(
             ax.plot(range(1, length + 1), mean, label=label, marker="o" if length == 1 else None,
                     linewidth=2.2 if highlight(label) else 1.2)
         ax.set_title(title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("evaluated round")
         ax.set_ylabel("accuracy (%)")
         ax.grid(alpha=0.3)
