@@ -170,3 +170,16 @@ def test_docs_worked_example_runs_offline_and_resumes(tmp_path, capsys, monkeypa
     code = main(["sweep", str(TINY), "--jobs", "2", "--dir", str(out)])
     stdout = capsys.readouterr().out
     assert code == 0 and "4 finished runs kept" in stdout and "started" not in stdout
+
+
+def test_a_mistyped_parameter_stops_the_sweep_before_any_run(tmp_path, capsys, monkeypatch):
+    """A parameter key fedhet fit does not know fails the first run's parse: one line, nothing started."""
+    monkeypatch.chdir(ROOT)
+    spec = load_sweep(TINY)
+    spec["parameters"] = {"method.init_args.lamda": {"values": [0.1, 1.0]}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code = main(["sweep", str(path), "--dir", str(tmp_path / "out")])
+    line = _error_line(capsys.readouterr().err)
+    assert code == 2 and "lamda" in line and "run-000" in line
+    assert not list((tmp_path / "out").glob("run-*"))
