@@ -159,6 +159,13 @@ def fit_index(template: Sequence[str], where: str = "sweep config") -> int:
     return index
 
 
+def metric_text(value: Any) -> str:
+    """A metric value for the table and the progress lines (accuracies in percent: 2 decimals)."""
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{value:.2f}" if abs(value) < 1e5 else f"{value:.4g}"
+
+
 def plain(value: Any) -> Any:
     """A numpy scalar (the engine's random and bayes values) as the Python value it holds."""
     return value.item() if hasattr(value, "item") and not isinstance(value, (list, dict, str)) else value
@@ -429,7 +436,7 @@ class Sweep:
         metric = self.metric
         run["metric"] = run["summary_metrics"].get(metric["name"]) if metric else None
         if run["state"] == "finished":
-            shown = f", {metric['name']} {run['metric']}" if metric else ""
+            shown = f", {metric['name']} {metric_text(run['metric'])}" if metric else ""
             echo(f"{run['name']} finished in {seconds:.0f} s{shown}")
         else:
             reason = error or last_log_line(Path(run["log"]))
@@ -462,8 +469,7 @@ class Sweep:
             "| --- | --- | --- |" + " --- |" * len(keys) + " --- |",
         ]
         for rank, run in enumerate(self.ranked(), 1):
-            value = run.get("metric")
-            shown = f"{value:.4g}" if isinstance(value, (int, float)) else "-"
+            shown = metric_text(run.get("metric"))
             params = [flag_value(run["params"].get(k)) for k in keys]
             lines.append(f"| {rank} | {run['name']} | {shown} | " + " | ".join(params) + f" | {run['state']} |")
         missing = [r["name"] for r in self.runs if r["state"] == "finished" and metric and r.get("metric") is None]
@@ -532,7 +538,7 @@ def sweep_command(argv: Sequence[str], echo: Callable[[str], None] = print) -> i
     ranked = sweep.ranked()
     if sweep.metric and ranked and isinstance(ranked[0].get("metric"), (int, float)):
         best = ranked[0]
-        echo(f"best: {best['name']} ({sweep.metric['name']} {best['metric']:.4g}): {shlex.join(best['flags'])}")
+        echo(f"best: {best['name']} ({sweep.metric['name']} {metric_text(best['metric'])}): {shlex.join(best['flags'])}")
     failed = [r for r in sweep.runs if r["state"] != "finished"]
     if failed:
         echo(f"{len(failed)} runs failed (logs in {directory}); rerun the same command to retry them")

@@ -51,6 +51,22 @@ def test_eta_math():
     assert [format_duration(s) for s in (None, 0, 59.6, 61, 3600 + 62)] == ["?", "0:00", "1:00", "1:01", "1:01:02"]
 
 
+def test_round_time_includes_what_happens_between_rounds():
+    """The ETA uses start-to-start round times: checkpoints and logging after a round count too."""
+    clock = Clock()
+    progress = RoundProgress(stream=io.StringIO(), live=False, clock=clock)
+    loop = SimpleNamespace(rounds=5, elapsed_s=0.0)
+    progress.on_round_start(loop, 0, 2)
+    clock.now += 10.0
+    assert progress.round_end(_record(0, 8.0, 6.0)) == "elapsed 0:10  eta 0:40"
+    clock.now += 5.0  # the checkpoint and the other callbacks
+    progress.on_round_start(loop, 1, 2)
+    assert progress.seconds_per_round() == 15.0
+    resumed = RoundProgress(stream=io.StringIO(), live=False, clock=clock)
+    resumed.on_round_start(SimpleNamespace(rounds=5, elapsed_s=60.0), 3, 2)  # a resumed run: 3 rounds in 60 s
+    assert resumed.seconds_per_round() == 20.0 and resumed.line().endswith("elapsed 1:00  eta 0:40")
+
+
 def test_plain_progress_prints_round_lines_with_eta(caplog):
     """Without a terminal: plain round lines with elapsed and ETA, and a progress line inside a long round."""
     clock = Clock()
@@ -89,6 +105,7 @@ def test_live_progress_redraws_one_line_on_a_terminal(caplog):
             clock.now += 1.0
             console.on_client_end(loop, 0, done, 4)
         console.on_evaluate_start(loop, 0)
+        clock.now += 1.0
         console.on_round_end(loop, _record(0, 5.0, 4.0))
     drawn = stream.getvalue()
     assert "\rround   1/2 [" in drawn and "clients 2/4" in drawn and "clients 4/4" in drawn and "evaluating" in drawn

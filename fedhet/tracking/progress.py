@@ -106,6 +106,7 @@ class RoundProgress:
         self._last_draw = -1e9
         self._last_plain = 0.0
         self._drawn = False
+        self._ended_since_start = False
 
     @property
     def stream(self) -> IO[str]:
@@ -125,11 +126,14 @@ class RoundProgress:
         return None
 
     def round_fraction(self) -> float:
-        """Share of the current round done: client fits weighted by their share of earlier rounds' time."""
-        fit_share = sum(self.fit_shares) / len(self.fit_shares) if self.fit_shares else 1.0
+        """Share of the current round done: client fits weighted by their share of earlier rounds' time.
+
+        Before any round has ended, fits are taken as 90% of a round (evaluation the rest).
+        """
+        fit_share = sum(self.fit_shares) / len(self.fit_shares) if self.fit_shares else 0.9
         done, total = self.clients
         if self.evaluating:
-            return min(fit_share, 0.99)
+            return fit_share
         return fit_share * done / total if total else 0.0
 
     def elapsed(self) -> float:
@@ -149,6 +153,11 @@ class RoundProgress:
             self.rounds_total = int(loop.rounds)
             self.resumed_rounds = int(round_idx)
             self.resumed_elapsed = float(getattr(loop, "elapsed_s", 0.0)) if round_idx else 0.0
+        elif self._ended_since_start:
+            # the full start-to-start time: the round plus its checkpoint and logging, which the
+            # user waits for as well (they are not in the record's time/round_s)
+            self.round_durations[-1] = now - self.round_started
+        self._ended_since_start = False
         self.rounds_done = int(round_idx)
         self.round_started = now
         self._last_plain = now
@@ -169,7 +178,10 @@ class RoundProgress:
         self.clear()
         if self.started is None:  # driven without the start hook (an older loop): time from the records
             self.started = self.clock() - float(record.get("time/round_s", 0.0))
-        duration = float(record.get("time/round_s", self.clock() - self.round_started))
+            duration = float(record.get("time/round_s", 0.0))
+        else:  # provisional until the next round starts (see on_round_start)
+            duration = self.clock() - self.round_started
+            self._ended_since_start = True
         self.round_durations.append(duration)
         if duration > 0 and "time/fit_s" in record:
             self.fit_shares.append(min(1.0, float(record["time/fit_s"]) / duration))
