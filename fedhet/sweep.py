@@ -538,7 +538,8 @@ def sweep_command(argv: Sequence[str], echo: Callable[[str], None] = print) -> i
     ranked = sweep.ranked()
     if sweep.metric and ranked and isinstance(ranked[0].get("metric"), (int, float)):
         best = ranked[0]
-        echo(f"best: {best['name']} ({sweep.metric['name']} {metric_text(best['metric'])}): {shlex.join(best['flags'])}")
+        score = f"{sweep.metric['name']} {metric_text(best['metric'])}"
+        echo(f"best: {best['name']} ({score}): {shlex.join(best['flags'])}")
     failed = [r for r in sweep.runs if r["state"] != "finished"]
     if failed:
         echo(f"{len(failed)} runs failed (logs in {directory}); rerun the same command to retry them")
