@@ -172,8 +172,10 @@ def fit(args: Sequence[str], callbacks: Sequence[Any] = ()) -> dict[str, Any]:
             raise ConfigError(f"--resume {resume}: that run already finished (summary.json exists); raise --rounds in a new run")
         rest = ["--config", str(saved.config_path), *rest]
     if any(a == "--print_config" or a.startswith("--print_config=") for a in rest):
+        from fedhet.sweep import parse_accepting_none
+
         parser.exit_on_error = True
-        parser.parse_args(rest)  # prints and exits
+        parse_accepting_none(parser, rest)  # prints and exits
     config = _parse(parser, rest)
     if resume is not None:
         original = yaml.safe_load(RunDirectory(resume).config_path.read_text())

@@ -183,3 +183,21 @@ def test_a_mistyped_parameter_stops_the_sweep_before_any_run(tmp_path, capsys, m
     line = _error_line(capsys.readouterr().err)
     assert code == 2 and "lamda" in line and "run-000" in line
     assert not list((tmp_path / "out").glob("run-*"))
+
+
+def test_missing_engine_is_one_line(tmp_path, capsys, monkeypatch):
+    """Without the sweeps package, fedhet sweep says how to install it, in one line."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sweeps", None)  # import sweeps now raises ImportError
+    code = main(["sweep", str(TINY), "--dir", str(tmp_path / "out")])
+    line = _error_line(capsys.readouterr().err)
+    assert code == 2 and "pip install --no-deps sweeps" in line
+
+
+def test_print_config_accepts_none(capsys):
+    """--print_config reads a swept None as null too."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", DIGITS, "--feature_dim=None", "--print_config"])
+    assert exit_info.value.code == 0
+    assert "feature_dim: null" in capsys.readouterr().out
