@@ -29,6 +29,29 @@ class Clock:
         return self.now
 
 
+class Lines(logging.Handler):
+    """Collects the messages of the ``fedhet`` logger (which the command line keeps from propagating)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def fedhet_log():
+    """The ``fedhet`` logger's INFO messages during a test."""
+    logger = logging.getLogger("fedhet")
+    handler, level = Lines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.messages
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
 def _record(round_idx: int, round_s: float, fit_s: float) -> dict:
     return {
         "round": round_idx, "train/loss": 1.0, "acc_intra": 50.0, "acc_inter": 40.0, "comm/bytes_up": 1e6,
@@ -67,22 +90,21 @@ def test_round_time_includes_what_happens_between_rounds():
     assert resumed.seconds_per_round() == 20.0 and resumed.line().endswith("elapsed 1:00  eta 0:40")
 
 
-def test_plain_progress_prints_round_lines_with_eta(caplog):
+def test_plain_progress_prints_round_lines_with_eta(fedhet_log):
     """Without a terminal: plain round lines with elapsed and ETA, and a progress line inside a long round."""
     clock = Clock()
     stream = io.StringIO()
     console = ConsoleCallback(RoundProgress(stream=stream, live=False, plain_interval_s=60.0, clock=clock))
     loop = SimpleNamespace(rounds=4, elapsed_s=0.0)
-    with caplog.at_level(logging.INFO, logger="fedhet"):
-        for round_idx in range(2):
-            console.on_round_start(loop, round_idx, 8)
-            for done in range(1, 9):
-                clock.now += 10.0  # 80 s of client fits: one plain line after 60 s
-                console.on_client_end(loop, round_idx, done, 8)
-            console.on_evaluate_start(loop, round_idx)
-            clock.now += 20.0
-            console.on_round_end(loop, _record(round_idx, 100.0, 80.0))
-    lines = [r.getMessage() for r in caplog.records]
+    for round_idx in range(2):
+        console.on_round_start(loop, round_idx, 8)
+        for done in range(1, 9):
+            clock.now += 10.0  # 80 s of client fits: one plain line after 60 s
+            console.on_client_end(loop, round_idx, done, 8)
+        console.on_evaluate_start(loop, round_idx)
+        clock.now += 20.0
+        console.on_round_end(loop, _record(round_idx, 100.0, 80.0))
+    lines = fedhet_log
     assert stream.getvalue() == ""  # nothing drawn
     round_lines = [line for line in lines if "acc_intra" in line]
     assert len(round_lines) == 2 and all("\r" not in line for line in lines)
@@ -92,25 +114,24 @@ def test_plain_progress_prints_round_lines_with_eta(caplog):
     assert len(progress_lines) == 2 and "eta" in progress_lines[0]
 
 
-def test_live_progress_redraws_one_line_on_a_terminal(caplog):
+def test_live_progress_redraws_one_line_on_a_terminal(fedhet_log):
     """On a terminal the client progress is redrawn in place and cleared before the round line."""
     clock = Clock()
     stream = io.StringIO()
     progress = RoundProgress(stream=stream, live=True, clock=clock)
     console = ConsoleCallback(progress)
     loop = SimpleNamespace(rounds=2, elapsed_s=0.0)
-    with caplog.at_level(logging.INFO, logger="fedhet"):
-        console.on_round_start(loop, 0, 4)
-        for done in range(1, 5):
-            clock.now += 1.0
-            console.on_client_end(loop, 0, done, 4)
-        console.on_evaluate_start(loop, 0)
+    console.on_round_start(loop, 0, 4)
+    for done in range(1, 5):
         clock.now += 1.0
-        console.on_round_end(loop, _record(0, 5.0, 4.0))
+        console.on_client_end(loop, 0, done, 4)
+    console.on_evaluate_start(loop, 0)
+    clock.now += 1.0
+    console.on_round_end(loop, _record(0, 5.0, 4.0))
     drawn = stream.getvalue()
     assert "\rround   1/2 [" in drawn and "clients 2/4" in drawn and "clients 4/4" in drawn and "evaluating" in drawn
     assert drawn.endswith("\r\x1b[K")  # cleared before the permanent line
-    assert "eta 0:05" in caplog.records[-1].getMessage()
+    assert "eta 0:05" in fedhet_log[-1]
 
 
 def test_console_matrix_is_summarised_above_a_few_dozen_rows():
