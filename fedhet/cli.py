@@ -138,8 +138,10 @@ def _one_line(message: str) -> str:
 def _parse(parser: Any, args: Sequence[str]) -> Any:
     from jsonargparse import ArgumentError
 
+    from fedhet.sweep import parse_accepting_none
+
     try:
-        return parser.parse_args(list(args))
+        return parse_accepting_none(parser, list(args))
     except ArgumentError as exc:
         raise ConfigError(f"{_one_line(str(exc))}; see 'fedhet fit --help' or --print_config") from None
     except yaml.YAMLError as exc:
@@ -192,8 +194,10 @@ def fit(args: Sequence[str], callbacks: Sequence[Any] = ()) -> dict[str, Any]:
             raise ConfigError(f"--resume {resume}: that run already finished (summary.json exists); raise --rounds in a new run")
         rest = ["--config", str(saved.config_path), *rest]
     if any(a == "--print_config" or a.startswith("--print_config=") for a in rest):
+        from fedhet.sweep import parse_accepting_none
+
         parser.exit_on_error = True
-        parser.parse_args(rest)  # prints and exits
+        parse_accepting_none(parser, rest)  # prints and exits
     config = _parse(parser, rest)
     if resume is not None:
         original = yaml.safe_load(RunDirectory(resume).config_path.read_text())
@@ -231,6 +235,7 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     from fedhet.federation import DiskStateStore, FederationLoop, MemoryStateStore, RuntimeRecipe
     from fedhet.models import model_for_client, resolve_family
     from fedhet.tracking import ConsoleCallback, RunDirectory, RunDirectoryCallback, WandbCallback
+    from fedhet.tracking.figures import FiguresCallback
 
     resolved_yaml = parser.dump(config, skip_none=False)
     objects = _instantiate(parser, config)
@@ -285,7 +290,8 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     wandb_callback = WandbCallback(
         objects.wandb, run_path, yaml.safe_load(resolved_yaml), checkpoint.get("wandb_id") if checkpoint else None
     )
-    loop.callbacks = [
+    loop.callbacks = [  # figures first: drawn before summary.json marks the run complete and W&B finishes
+        FiguresCallback(run_path),
         RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}), ConsoleCallback(), wandb_callback, *callbacks
     ]
     if checkpoint is not None:
@@ -317,6 +323,9 @@ USAGE = """usage: fedhet <command> [options]
 commands:
   fit     run one experiment: fedhet fit --config configs/experiments/digits/fedproto.yaml
   list    list registered methods, models and model families
+  sweep   run a W&B-format sweep offline: fedhet sweep configs/sweeps/tiny_digits.yaml [--jobs 2]
+  bench   methods x seeds grid, mean ± std tables and plots:
+          fedhet bench --configs A.yaml B.yaml --seeds 0 1 2 --out DIR
   pretrain-generator  train FedKTL's small generator once: fedhet pretrain-generator [--steps N]
 
 'fedhet fit --help' shows every option; '--print_config' the resolved config."""
@@ -349,12 +358,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "list":
             _list(rest)
             return 0
+        if command in ("sweep", "bench"):
+            from fedhet.bench import bench_command
+            from fedhet.sweep import sweep_command
+
+            return (sweep_command if command == "sweep" else bench_command)(rest)
         if command == "pretrain-generator":
             from fedhet.generators.pretrain import pretrain_command
 
             print(pretrain_command(rest))
             return 0
-        print(f"fedhet: error: unknown command '{command}'; use 'fit', 'list' or 'pretrain-generator'", file=sys.stderr)
+        commands = "'fit', 'list', 'sweep', 'bench' or 'pretrain-generator'"
+        print(f"fedhet: error: unknown command '{command}'; use {commands}", file=sys.stderr)
         return 2
     except FedhetError as exc:
         print(f"fedhet: error: {exc}", file=sys.stderr)

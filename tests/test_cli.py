@@ -199,6 +199,7 @@ def test_sweep_configs_expand_to_valid_command_lines():
     import itertools
 
     from fedhet.cli import build_parser
+    from fedhet.sweep import fit_index, parse_accepting_none
 
     parser = build_parser()
     sweeps = sorted((ROOT / "configs/sweeps").glob("*.yaml"))
@@ -206,13 +207,14 @@ def test_sweep_configs_expand_to_valid_command_lines():
     for path in sweeps:
         sweep = yaml.safe_load(path.read_text())
         command = sweep["command"]
-        assert command[:2] == ["fedhet", "fit"] and command[-1] == "${args}"
+        start = fit_index(command) + 1  # [${env}, ${interpreter}, -m, fedhet, fit, ...] or [fedhet, fit, ...]
+        assert command[-1] == "${args}"
         names = list(sweep["parameters"])
         grids = [spec.get("values", [spec.get("value")]) for spec in sweep["parameters"].values()]
         for values in itertools.product(*grids):
-            args = [*command[2:-1], *(f"--{k}={v}" for k, v in zip(names, values))]
+            args = [*command[start:-1], *(f"--{k}={v}" for k, v in zip(names, values))]
             args = [str(ROOT / a) if a.endswith(".yaml") else a for a in args]
-            config = parser.parse_args(args)
+            config = parse_accepting_none(parser, args)  # a swept null arrives as --key=None
             for key, value in zip(names, values):
                 node = config
                 for part in key.split("."):

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import multiprocessing
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from torch import Tensor
@@ -43,8 +43,8 @@ class Executor(ABC):
         self.runtime = runtime
 
     @abstractmethod
-    def fit_clients(self, tasks: Sequence[ClientTask]) -> list[ClientResult]:
-        """Run each task's local stages; results in task order."""
+    def fit_clients(self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None) -> list[ClientResult]:
+        """Run each task's local stages; results in task order. ``on_result(done)`` after each client ends."""
 
     def fit_collaborative(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientResult], int, int]:
         """The lock-step phase and the local stages that follow it (in the driver: all participants live at once)."""
@@ -61,8 +61,13 @@ class Executor(ABC):
 class SequentialExecutor(Executor):
     """In-process, one client after another (the default; deterministic and cheapest on one machine)."""
 
-    def fit_clients(self, tasks: Sequence[ClientTask]) -> list[ClientResult]:
-        return [self.runtime.fit_client(task) for task in tasks]
+    def fit_clients(self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None) -> list[ClientResult]:
+        results = []
+        for task in tasks:
+            results.append(self.runtime.fit_client(task))
+            if on_result is not None:
+                on_result(len(results))
+        return results
 
     def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
         return [self.runtime.evaluate_client(task, apply_download) for task in tasks]
@@ -131,8 +136,14 @@ class ProcessExecutor(Executor):
             raise RuntimeError("ProcessExecutor used before start() or after shutdown()")
         return list(self._pool.map(fn, *iterables))
 
-    def fit_clients(self, tasks: Sequence[ClientTask]) -> list[ClientResult]:
-        return self._map(_worker_fit, tasks)
+    def fit_clients(self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None) -> list[ClientResult]:
+        if self._pool is None:
+            raise RuntimeError("ProcessExecutor used before start() or after shutdown()")
+        futures = [self._pool.submit(_worker_fit, task) for task in tasks]
+        if on_result is not None:
+            for done, _ in enumerate(as_completed(futures), start=1):
+                on_result(done)
+        return [future.result() for future in futures]
 
     def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
         return self._map(_worker_evaluate, tasks, [apply_download] * len(tasks))

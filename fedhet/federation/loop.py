@@ -295,6 +295,7 @@ class FederationLoop:
             self.ledger.record_up(counts[0].numel() * counts.element_size() * self.scenario.num_clients)
         selected = self._sample(step)
         self._participants = selected
+        self._notify("on_round_start", step_idx, len(selected))
         tasks = []
         for cid in selected:
             download = self._download(cid, step_idx) if step.exchange else None
@@ -309,7 +310,9 @@ class FederationLoop:
             self.ledger.record_up(bytes_up)
             self.ledger.record_down(bytes_down)
         else:
-            results = self.executor.fit_clients(tasks)
+            results = self.executor.fit_clients(
+                tasks, on_result=lambda done: self._notify("on_client_end", step_idx, done, len(tasks))
+            )
         fit_s = time.perf_counter() - started
         received = []
         for result in results:
@@ -345,6 +348,7 @@ class FederationLoop:
         eval_started = time.perf_counter()
         last = step_idx == len(self.schedule) - 1
         if not step.is_round or (step.phase_step + 1) % self.eval_every == 0 or last or step.phase_step == self.rounds - 1:
+            self._notify("on_evaluate_start", step_idx)
             record.update(self.evaluate(step_idx))
             self.best.update(step_idx, record)
         record["time/fit_s"] = round(fit_s, 3)
@@ -422,6 +426,13 @@ class FederationLoop:
         count = min(int(mode), num)
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "eval-clients", step_idx))
         return sorted(torch.randperm(num, generator=generator)[:count].tolist())
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        """Call the optional progress hook ``hook`` (``on_round_start``, ``on_client_end``, ``on_evaluate_start``)."""
+        for callback in self.callbacks:
+            method = getattr(callback, hook, None)
+            if method is not None:
+                method(self, *args)
 
     def evaluate(self, round_idx: int) -> dict[str, float]:
         """The declared targets on the test and validation sets; headline metrics from client models.

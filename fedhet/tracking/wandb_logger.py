@@ -2,9 +2,12 @@
 
 Keys follow design.md section 8: ``client/<id>/...``, ``domain/<d>/...``, ``server/...``,
 ``comm/...``; the client x domain accuracy matrix is logged as a table each evaluated round and
-the resolved config goes to ``wandb.config``. ``mode="offline"`` writes under the run directory
-without network (``wandb sync`` uploads later); ``"disabled"`` (or ``WANDB_MODE=disabled``, as the
-tests set) makes every call a no-op. The W&B run id is stored in the checkpoint so that
+the resolved config goes to ``wandb.config``; at the end, the run's figures (``curves.png``,
+``matrix.png``, :mod:`fedhet.tracking.figures`) are logged as images. ``mode="offline"`` writes
+under the run directory without network (``wandb sync`` uploads later); ``"disabled"`` (or
+``WANDB_MODE=disabled``, as the tests set) makes every call a no-op. A run started by
+``wandb agent`` (``WANDB_SWEEP_ID`` set) logs online unless ``WANDB_MODE`` says otherwise: the
+sweep server chooses the next runs from the metrics it receives. The W&B run id is stored in the checkpoint so that
 ``--resume`` continues the same W&B run.
 """
 
@@ -47,7 +50,12 @@ class WandbConfig:
         self.tags = list(tags or [])
 
     def effective_mode(self) -> str:
-        return os.environ.get("WANDB_MODE", self.mode)
+        """``WANDB_MODE`` when set; online for an offline-configured run started by ``wandb agent``; else ``mode``."""
+        if "WANDB_MODE" in os.environ:
+            return os.environ["WANDB_MODE"]
+        if os.environ.get("WANDB_SWEEP_ID") and self.mode == "offline":
+            return "online"  # an agent's run must report to the sweep server (docs/sweeps.md)
+        return self.mode
 
 
 class WandbCallback:
@@ -56,6 +64,7 @@ class WandbCallback:
     def __init__(self, config: WandbConfig, run_dir: Path, resolved_config: dict[str, Any], run_id: str | None) -> None:
         self.run = None
         self.run_id = run_id
+        self.run_dir = Path(run_dir)
         if config.effective_mode() == "disabled":
             return
         import wandb
@@ -94,6 +103,11 @@ class WandbCallback:
     def on_run_end(self, loop: Any, summary: dict[str, Any]) -> None:
         if self.run is None:
             return
+        from fedhet.tracking.figures import figure_paths
+
+        images = {f"figures/{path.stem}": self._wandb.Image(str(path)) for path in figure_paths(self.run_dir)}
+        if images:
+            self.run.log(images)
         for block in ("final", "best", "last3"):
             for key, value in summary.get(block, {}).items():
                 if isinstance(value, (int, float)):

@@ -1,0 +1,160 @@
+"""End-of-run figures: ``curves.png`` (headline metrics per round) and ``matrix.png`` (client x test set).
+
+Both are written into the run directory atomically (a temporary file renamed over the target)
+and logged to W&B as images by :class:`~fedhet.tracking.WandbCallback`. They are drawn from
+what the run already records (the loop's per-round history and ``summary["matrix"]``), so a
+figure can never disagree with ``metrics.jsonl`` or ``summary.json``. A matrix of more than
+:data:`~fedhet.tracking.console.MATRIX_ROWS` clients is drawn summarised, exactly as the console
+prints it (quantiles per column, then the worst and best clients), with the client count in the
+title: a heatmap of 800 one-pixel rows shows nothing.
+
+A figure that cannot be drawn (a broken matplotlib installation, say) costs a warning line, never
+the run: the results files are the contract, figures are a convenience.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedhet.files import atomic_savefig
+from fedhet.tracking.console import summarise_matrix
+
+log = logging.getLogger("fedhet")
+
+#: The figure files of a run directory, in the order they are logged.
+FIGURES = ("curves.png", "matrix.png")
+#: Top-1 headline metrics drawn per scenario kind (the first two of ``fedhet.metrics.report.HEADLINE``).
+CURVE_KEYS = {"domain_shift": ("acc_intra", "acc_inter"), "label_skew": ("acc_local", "acc_global")}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: figures are files
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curves_figure(history: Sequence[dict[str, Any]], kind: str, path: Path, title: str = "") -> None:
+    """Headline accuracy per evaluated round (test solid, validation dashed) and the training loss.
+
+    Args:
+        history: the per-round records (``loop.history`` or the lines of ``metrics.jsonl``).
+        kind: the scenario kind (``domain_shift`` or ``label_skew``).
+        path: the PNG to write.
+        title: figure title (method, scenario, seed).
+    """
+    plt = _pyplot()
+    keys = CURVE_KEYS.get(kind, ())
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for index, key in enumerate(keys):
+        color = f"C{index}"
+        rows = [r for r in history if key in r]
+        x = [r["round"] + 1 for r in rows]
+        marker = "o" if len(rows) < 30 else None
+        acc_ax.plot(x, [r[key] for r in rows], color=color, marker=marker, markersize=3, label=f"{key} (test)")
+        val = [r for r in rows if f"val/{key}" in r]
+        if val:
+            acc_ax.plot([r["round"] + 1 for r in val], [r[f"val/{key}"] for r in val], color=color, linestyle="--",
+                        linewidth=1, label=f"{key} (val)")
+    acc_ax.set_xlabel("round")
+    acc_ax.set_ylabel("accuracy (%)")
+    acc_ax.set_title("headline accuracy")
+    acc_ax.grid(alpha=0.3)
+    if keys:
+        acc_ax.legend(fontsize=8)
+    losses = [r for r in history if "train/loss" in r]
+    loss_ax.plot([r["round"] + 1 for r in losses], [r["train/loss"] for r in losses], color="C3",
+                 marker="o" if len(losses) < 30 else None, markersize=3)
+    loss_ax.set_xlabel("round")
+    loss_ax.set_ylabel("mean client training loss")
+    loss_ax.set_title("training loss")
+    loss_ax.grid(alpha=0.3)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (acc_ax, loss_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    atomic_savefig(fig, path)
+    plt.close(fig)
+
+
+def matrix_figure(matrix: dict[str, Any], path: Path, title: str = "") -> None:
+    """Heatmap of the final client x test-set top-1 accuracy (summarised above a few dozen clients).
+
+    Args:
+        matrix: ``summary["matrix"]`` (``rows``, ``columns``, ``top1`` in percent).
+        path: the PNG to write.
+        title: figure title (method, scenario, seed).
+    """
+    plt = _pyplot()
+    rows, values, note = summarise_matrix(matrix)
+    columns = list(matrix["columns"])
+    clients = len(matrix["rows"])
+    height = 1.6 + 0.32 * len(rows)
+    width = 3.2 + max(len(r) for r in rows) * 0.06 + 0.9 * len(columns)
+    fig, ax = plt.subplots(figsize=(width, height))
+    image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=100.0, aspect="auto")
+    ax.set_xticks(range(len(columns)))
+    ax.set_xticklabels(columns, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(rows, fontsize=8)
+    for i, row in enumerate(values):
+        for j, value in enumerate(row):
+            ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7,
+                    color="white" if value < 55 else "black")
+    if note:
+        ax.axhline(5.5, color="white", linewidth=2)  # statistics above, named clients below
+    heading = f"{clients} clients" + (" (summarised: statistics, then worst and best clients)" if note else "")
+    ax.set_title(f"{title}\nfinal top-1 accuracy (%), {heading}" if title else f"final top-1 accuracy (%), {heading}",
+                 fontsize=9)
+    ax.set_xlabel("test set")
+    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    fig.tight_layout()
+    atomic_savefig(fig, path)
+    plt.close(fig)
+
+
+def write_run_figures(run_dir: Path, history: Sequence[dict[str, Any]], summary: dict[str, Any]) -> list[Path]:
+    """Draw ``curves.png`` and ``matrix.png`` into ``run_dir``; returns the files written."""
+    title = f"{summary.get('method', '')} on {summary.get('scenario', '')}, seed {summary.get('seed', '')}"
+    written = []
+    curves = Path(run_dir) / "curves.png"
+    curves_figure(history, str(summary.get("scenario_kind", "")), curves, title)
+    written.append(curves)
+    if summary.get("matrix"):
+        matrix = Path(run_dir) / "matrix.png"
+        matrix_figure(summary["matrix"], matrix, title)
+        written.append(matrix)
+    return written
+
+
+def figure_paths(run_dir: Path) -> list[Path]:
+    """The figure files present in a run directory."""
+    return [Path(run_dir) / name for name in FIGURES if (Path(run_dir) / name).is_file()]
+
+
+class FiguresCallback:
+    """Writes the run's figures when it ends (before the summary, so a complete run has them).
+
+    Args:
+        run_dir: the run directory.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def on_round_end(self, loop: Any, record: dict[str, Any]) -> None:
+        """Figures are drawn once, at the end."""
+
+    def on_run_end(self, loop: Any, summary: dict[str, Any]) -> None:
+        try:
+            write_run_figures(self.run_dir, loop.history, summary)
+        except Exception as exc:  # a figure is never worth a lost run
+            log.warning("figures not written (%s: %s)", type(exc).__name__, " ".join(str(exc).split())[:200])

@@ -1,0 +1,121 @@
+"""``fedhet bench``: the methods x seeds grid, its resumability, and the mean ± std tables."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from fedhet.bench import Cell, cell_text, mean_std, parse_settings, plan
+from fedhet.cli import main
+from fedhet.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ["configs/experiments/digits/fedavg.yaml", "configs/experiments/digits/local.yaml"]
+TINY = [
+    "--rounds=2", "--models=tiny_homo", "--trainer.max_epochs=1", "--scenario.domains=[mnist, uci, mnistm]",
+    "--scenario.private_sizes=[32, 32, 32]", "--scenario.val_per_domain=20", "--scenario.test_per_domain=40",
+    "--scenario.image_size=16", "--scenario.batch_size=16",
+]
+
+
+def _error_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert lines and "Traceback" not in err
+    return lines[-1]
+
+
+def test_plan_is_configs_x_settings_x_seeds():
+    """Every cell once, labelled by config stem and setting, seed-major; the grid's extra flags last."""
+    settings = parse_settings(["lr01=--method.init_args.lr=0.1", "long='--rounds 4' --trainer.max_epochs=2"])
+    assert settings == {"lr01": ["--method.init_args.lr=0.1"], "long": ["--rounds 4", "--trainer.max_epochs=2"]}
+    cells = plan(CONFIGS, [0, 1], settings, ["--x=1"])
+    assert len(cells) == 8 and [c.seed for c in cells] == [0] * 4 + [1] * 4
+    assert cells[0] == Cell("fedavg/lr01", CONFIGS[0], 0, ("--method.init_args.lr=0.1", "--x=1"))
+    assert {c.label for c in cells} == {"fedavg/lr01", "fedavg/long", "local/lr01", "local/long"}
+    assert [c.label for c in plan(["a/fedavg.yaml", "b/fedavg.yaml"], [0], {"": []}, [])] == ["a/fedavg", "b/fedavg"]
+    for bad in (["nameonly"], ["=--rounds=2"], ["a=1", "a=2"]):
+        with pytest.raises(ConfigError):
+            parse_settings(bad)
+
+
+def test_mean_std_is_the_sample_std():
+    """The ± is the sample standard deviation over seeds (n - 1), as statistics.stdev."""
+    values = [10.0, 12.5, 17.0]
+    assert mean_std(values) == pytest.approx((statistics.mean(values), statistics.stdev(values)))
+    assert mean_std([4.0]) == (4.0, 0.0)
+    assert cell_text(values) == f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def test_bad_bench_input_is_one_clear_line(tmp_path, capsys, monkeypatch):
+    """A missing config, a bad --set or a bad fit flag stops the grid before any run starts."""
+    monkeypatch.chdir(ROOT)
+    for args, pattern in (
+        (["--configs", "configs/nope.yaml"], "no such file"),
+        (["--configs", CONFIGS[0], "--set", "oops"], "NAME=FLAGS"),
+        (["--configs", CONFIGS[0], "--", "--method.init_args.lamda=1"], "lamda"),
+        (["--seeds", "0"], "--configs"),
+    ):
+        code = main(["bench", "--out", str(tmp_path / "grid"), *args])
+        line = _error_line(capsys.readouterr().err)
+        assert code == 2 and line.startswith("fedhet: error:") and pattern in line, line
+        assert not (tmp_path / "grid").exists()
+
+
+@pytest.mark.slow
+def test_grid_tables_resume_and_refuse_other_flags(tmp_path, capsys, monkeypatch):
+    """A 2-method x 2-seed grid: tables equal the runs' mean/std; a rerun reruns nothing; a partial cell resumes."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "grid"
+    args = ["bench", "--configs", *CONFIGS, "--seeds", "0", "1", "--jobs", "2", "--out", str(out), "--", *TINY]
+    assert main(args) == 0, capsys.readouterr()
+    stdout = capsys.readouterr().out
+    assert "0 of 4 cells already complete" in stdout and "| run | seeds | acc_intra | acc_inter |" in stdout
+
+    payload = json.loads((out / "bench.json").read_text())
+    assert set(payload["results"]) == {"fedavg", "local"} and len(payload["cells"]) == 4
+    for label, entry in payload["results"].items():
+        summaries = [json.loads((out / label / f"seed{s}" / "summary.json").read_text()) for s in (0, 1)]
+        for block in ("final", "best", "last3"):
+            for key in ("acc_intra", "acc_inter"):
+                values = [s[block][key] for s in summaries]
+                stats = entry["metrics"][f"{block}/{key}"]
+                assert stats["values"] == values
+                assert stats["mean"] == pytest.approx(statistics.mean(values), abs=1e-4)
+                assert stats["std"] == pytest.approx(statistics.stdev(values), abs=1e-4)
+        final = [s["final"]["acc_inter"] for s in summaries]
+        assert f"| {label} | 2 |" in stdout and cell_text(final) in stdout
+    for figure in ("bench_bars.png", "bench_curves.png"):
+        assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "bench.md").read_text() in stdout
+
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/seed*/summary.json")}
+    assert main(args) == 0
+    stdout = capsys.readouterr().out
+    assert "4 of 4 cells already complete" in stdout and " ok in " not in stdout
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/seed*/summary.json")} == stamps
+
+    (out / "local" / "seed1" / "summary.json").unlink()  # as if killed after its last checkpoint
+    assert main(args) == 0
+    stdout = capsys.readouterr().out
+    assert "3 of 4 cells already complete" in stdout and "local seed 1: resumed, ok" in stdout
+    assert json.loads((out / "bench.json").read_text())["results"] == payload["results"]
+
+    code = main([*args[:-len(TINY)], *TINY[1:], "--rounds=3"])  # other flags for the same cells
+    line = _error_line(capsys.readouterr().err)
+    assert code == 2 and "other flags" in line
+
+
+def test_comparison_benchmarks_share_the_grid_machinery(monkeypatch):
+    """benchmarks/comparison.py runs and tabulates through fedhet.bench, not a copy of it."""
+    import fedhet.bench as bench
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import comparison
+
+    assert comparison.Run is bench.Cell and comparison.mean_std is bench.mean_std and comparison.cell is bench.cell_text
+    assert comparison.last_mean is bench.last_mean
+    run = comparison.Run("fccl_plus", "configs/experiments/digits/fccl_plus.yaml", 1, ("--rounds", "2"))
+    assert run.run_dir(Path("/r")) == Path("/r/fccl_plus/seed1") and run.command(Path("/r"))[-2:] == ["--rounds", "2"]
