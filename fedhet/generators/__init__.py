@@ -1,7 +1,7 @@
 """Frozen pretrained generators for FedKTL: one interface, several sources.
 
-* :class:`GeneratorAdapter` and :func:`load_generator` (:mod:`fedhet.generators.base`): the
-  interface FedKTL depends on, and loading by name.
+* :class:`GeneratorAdapter` (:mod:`fedhet.generators.base`): the interface FedKTL depends on;
+  :func:`load_generator` (:mod:`fedhet.generators.loading`): loading by name.
 * :mod:`fedhet.generators.stylegan`: the small style-based generator and its discriminator.
 * :mod:`fedhet.generators.pretrain`: ``fedhet pretrain-generator`` (GAN training on the
   embedded public photo crops) and the checksummed artifact.
@@ -11,7 +11,8 @@
 See ``docs/generators.md``.
 """
 
-from fedhet.generators.base import DEFAULT_GENERATOR, GeneratorAdapter, generators_dir, load_generator
+from fedhet.generators.base import DEFAULT_GENERATOR, GeneratorAdapter, generators_dir
+from fedhet.generators.loading import load_generator
 from fedhet.generators.pretrain import load_artifact, pretrain_generator, save_sample_grid
 from fedhet.generators.stylegan import StyleGenerator, StyleGeneratorAdapter, StyleGeneratorConfig
 

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from fedhet.errors import ConfigError
 
-__all__ = ["DEFAULT_GENERATOR", "UNTRAINED_SEED", "GeneratorAdapter", "generators_dir", "load_generator"]
+__all__ = ["DEFAULT_GENERATOR", "UNTRAINED_SEED", "GeneratorAdapter", "generators_dir"]
 
 DEFAULT_GENERATOR = "embedded-stylegan"
 """Name of the artifact ``fedhet pretrain-generator`` builds by default."""
@@ -134,32 +134,3 @@ def check_artifact_name(name: str) -> str:
             "or a prefixed source such as 'stylegan-pkl:<path>' or 'stable-diffusion:<dir>'"
         )
     return name
-
-
-def load_generator(name: str = DEFAULT_GENERATOR, cache_dir: str | Path | None = None) -> GeneratorAdapter:
-    """Load a frozen generator by name (see the module docstring for the names).
-
-    Args:
-        name: ``"embedded-stylegan"`` / another pretrained artifact name, ``"untrained"``,
-            ``"stable-diffusion:<dir>"`` or ``"stylegan-pkl:<path>"``.
-        cache_dir: cache root holding ``generators/`` (default ``$FEDHET_CACHE`` or ``~/.cache/fedhet``).
-
-    Raises:
-        ConfigError: unknown or missing generator, or a missing optional dependency.
-        CheckpointError: the artifact's checksum or contents do not match.
-    """
-    if name == "untrained":
-        from fedhet.generators.stylegan import StyleGeneratorAdapter
-
-        return StyleGeneratorAdapter.untrained()
-    if name.startswith("stable-diffusion:"):
-        from fedhet.generators.adapters import DiffusersVAEAdapter
-
-        return DiffusersVAEAdapter(name.split(":", 1)[1])
-    if name.startswith("stylegan-pkl:"):
-        from fedhet.generators.adapters import StyleGANPickleAdapter
-
-        return StyleGANPickleAdapter(name.split(":", 1)[1])
-    from fedhet.generators.pretrain import load_artifact
-
-    return load_artifact(check_artifact_name(name), cache_dir)

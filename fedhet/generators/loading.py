@@ -1,0 +1,40 @@
+"""Loading a frozen generator by name: the one module that knows every generator source.
+
+It sits above :mod:`fedhet.generators.base` (the interface), :mod:`~fedhet.generators.stylegan`,
+:mod:`~fedhet.generators.pretrain` and :mod:`~fedhet.generators.adapters`, which import only the
+interface, so the package has no import cycle (``adapters`` is imported on demand because its
+sources need optional dependencies).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedhet.generators.base import DEFAULT_GENERATOR, GeneratorAdapter, check_artifact_name
+from fedhet.generators.pretrain import load_artifact
+from fedhet.generators.stylegan import StyleGeneratorAdapter
+
+
+def load_generator(name: str = DEFAULT_GENERATOR, cache_dir: str | Path | None = None) -> GeneratorAdapter:
+    """Load a frozen generator by name (see the module docstring for the names).
+
+    Args:
+        name: ``"embedded-stylegan"`` / another pretrained artifact name, ``"untrained"``,
+            ``"stable-diffusion:<dir>"`` or ``"stylegan-pkl:<path>"``.
+        cache_dir: cache root holding ``generators/`` (default ``$FEDHET_CACHE`` or ``~/.cache/fedhet``).
+
+    Raises:
+        ConfigError: unknown or missing generator, or a missing optional dependency.
+        CheckpointError: the artifact's checksum or contents do not match.
+    """
+    if name == "untrained":
+        return StyleGeneratorAdapter.untrained()
+    if name.startswith("stable-diffusion:"):
+        from fedhet.generators.adapters import DiffusersVAEAdapter
+
+        return DiffusersVAEAdapter(name.split(":", 1)[1])
+    if name.startswith("stylegan-pkl:"):
+        from fedhet.generators.adapters import StyleGANPickleAdapter
+
+        return StyleGANPickleAdapter(name.split(":", 1)[1])
+    return load_artifact(check_artifact_name(name), cache_dir)
