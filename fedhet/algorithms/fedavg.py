@@ -21,11 +21,21 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ClientUpload, ServerContext, ServerPhase
+from fedhet.algorithms.base import (
+    Algorithm,
+    Batch,
+    Capabilities,
+    ClientModule,
+    ClientUpload,
+    OptimizerName,
+    ServerContext,
+    ServerPhase,
+)
 from fedhet.federation.payloads import Payload, WeightsPayload
 from fedhet.federation.state import copy_state_into
 from fedhet.federation.trainer import clone_state
 from fedhet.functional import weighted_average
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
 
 MODEL_PREFIX = "model."
 
@@ -89,6 +99,16 @@ class FedAvg(Algorithm):
     capabilities = Capabilities(heterogeneous_models=False)
     upload_type = WeightsPayload
     download_type = WeightsPayload
+
+    def __init__(
+        self,
+        optimizer: OptimizerName = "sgd",
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
+    ) -> None:
+        # Same as Algorithm's; restated so that the parser checks the ranges of these values.
+        super().__init__(optimizer, lr, momentum, weight_decay)
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         return FedAvgClient(model, num_classes, **self.optimizer_kwargs())

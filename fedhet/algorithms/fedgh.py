@@ -55,6 +55,7 @@ from fedhet.federation.payloads import ClassStatsPayload, Payload, WeightsPayloa
 from fedhet.federation.state import copy_state_into
 from fedhet.federation.trainer import clone_state
 from fedhet.functional import prototype_examples
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
 
 
 class EpochShuffledBatches(Sampler[list[int]]):
@@ -213,13 +214,13 @@ class FedGH(Algorithm):
 
     def __init__(
         self,
-        server_lr: float = 0.01,
-        server_epochs: int = 100,
-        server_batch_size: int = 10,
+        server_lr: PositiveFloat = 0.01,
+        server_epochs: PositiveInt = 100,
+        server_batch_size: PositiveInt = 10,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.server_lr = server_lr

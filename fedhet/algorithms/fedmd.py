@@ -58,6 +58,7 @@ from fedhet.algorithms.base import (
 from fedhet.errors import ConfigError
 from fedhet.federation.payloads import Payload, check_shape
 from fedhet.functional.distillation import DigestLoss, digest_loss, logit_consensus
+from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
 
 #: Logits and targets cross the network as float32, whatever precision a client trains in.
 FLOAT32_BYTES = 4
@@ -194,15 +195,15 @@ class PublicDistillationAlgorithm(Algorithm):
 
     def __init__(
         self,
-        public_epochs: int,
+        public_epochs: NonNegativeInt,
         public_optimizer: OptimizerName,
-        public_lr: float,
-        public_weight_decay: float,
+        public_lr: PositiveFloat,
+        public_weight_decay: NonNegativeFloat,
         reset_public_optimizer: bool,
         optimizer: OptimizerName,
-        lr: float,
-        momentum: float,
-        weight_decay: float,
+        lr: PositiveFloat,
+        momentum: Momentum,
+        weight_decay: NonNegativeFloat,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         if public_epochs < 0:
@@ -249,16 +250,16 @@ class FedMD(PublicDistillationAlgorithm):
     def __init__(
         self,
         digest_loss: DigestLoss = "l1",
-        public_epochs: int = 1,
+        public_epochs: NonNegativeInt = 1,
         public_optimizer: OptimizerName = "adam",
-        public_lr: float = 1e-3,
-        public_weight_decay: float = 0.0,
+        public_lr: PositiveFloat = 1e-3,
+        public_weight_decay: NonNegativeFloat = 0.0,
         reset_public_optimizer: bool = True,
-        pretrain_rounds: int = 0,
+        pretrain_rounds: NonNegativeInt = 0,
         optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
+        lr: PositiveFloat = 1e-3,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 1e-5,
     ) -> None:
         super().__init__(
             public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,

@@ -41,6 +41,7 @@ from fedhet.algorithms.base import (
 )
 from fedhet.federation.payloads import ClassStatsPayload, Payload
 from fedhet.functional import aggregate_class_means, class_means
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
 
 Weighting = Literal["count", "uniform"]
 
@@ -178,12 +179,12 @@ class FedProto(Algorithm):
 
     def __init__(
         self,
-        lam: float = 0.1,
+        lam: NonNegativeFloat = 0.1,
         proto_weighting: Weighting = "count",
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.lam = lam

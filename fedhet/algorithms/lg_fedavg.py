@@ -32,6 +32,7 @@ from fedhet.algorithms.base import (
     Capabilities,
     ClientModule,
     ClientUpload,
+    OptimizerName,
     ServerContext,
     ServerPhase,
 )
@@ -40,6 +41,7 @@ from fedhet.federation.payloads import Payload, WeightsPayload
 from fedhet.federation.state import copy_state_into
 from fedhet.federation.trainer import clone_state
 from fedhet.functional import weighted_average
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
 
 HEAD_PREFIX = "head."
 
@@ -106,6 +108,16 @@ class LGFedAvg(Algorithm):
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
     upload_type = WeightsPayload
     download_type = WeightsPayload
+
+    def __init__(
+        self,
+        optimizer: OptimizerName = "sgd",
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
+    ) -> None:
+        # Same as Algorithm's; restated so that the parser checks the ranges of these values.
+        super().__init__(optimizer, lr, momentum, weight_decay)
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         return LGFedAvgClient(model, num_classes, **self.optimizer_kwargs())

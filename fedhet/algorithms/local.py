@@ -10,7 +10,8 @@ Deviations from paper/official code: none (HtFLlib's Local also trains with plai
 
 from __future__ import annotations
 
-from fedhet.algorithms.base import Algorithm, Capabilities
+from fedhet.algorithms.base import Algorithm, Capabilities, OptimizerName
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
 
 
 class Local(Algorithm):
@@ -24,3 +25,13 @@ class Local(Algorithm):
     """
 
     capabilities = Capabilities(heterogeneous_models=True)
+
+    def __init__(
+        self,
+        optimizer: OptimizerName = "sgd",
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
+    ) -> None:
+        # Same as Algorithm's; restated so that the parser checks the ranges of these values.
+        super().__init__(optimizer, lr, momentum, weight_decay)
