@@ -10,6 +10,11 @@ Layout::
 
 ``summary.json`` exists only for a finished run, so a directory without it is never mistaken
 for a complete result. Every file is written atomically (temporary file, fsync, rename).
+
+A new run claims its directory with an exclusive ``os.mkdir`` (:meth:`RunDirectory.claim`): two
+runs started in the same second with the same method and seed (parallel sweep agents, a job
+array) used to share ``runs/<method>-<time>-s<seed>/`` and interleave their metrics; now the
+second one gets ``...-s<seed>-2``. A directory named by the user must be new or empty.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fedhet.errors import CheckpointError
+from fedhet.errors import CheckpointError, ConfigError
 from fedhet.federation.state import atomic_torch_save, safe_torch_load
 
 CHECKPOINT_FORMAT = 1
@@ -45,6 +50,54 @@ class RunDirectory:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._created = False  # made by claim(): release() may remove it
+
+    @classmethod
+    def claim(cls, path: str | Path, unique: bool = False) -> RunDirectory:
+        """Create a new run's directory exclusively, so that no other run can write into it.
+
+        Args:
+            path: the directory to create (its parents are created as needed).
+            unique: the name is a default (``runs/<method>-<time>-s<seed>``): if it exists, take
+                the first free ``<path>-2``, ``<path>-3`` ... instead. Otherwise (a ``--run_dir``
+                the user chose) an existing empty directory is used and a non-empty one refused.
+
+        Raises:
+            ConfigError: ``path`` (not ``unique``) exists and is not an empty directory.
+        """
+        base = Path(path)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        candidates = [base] + ([base.with_name(f"{base.name}-{n}") for n in range(2, 1000)] if unique else [])
+        for candidate in candidates:
+            try:
+                os.mkdir(candidate)  # atomic: exactly one process succeeds for a name
+            except FileExistsError:
+                if unique:
+                    continue
+                if candidate.is_dir() and not any(candidate.iterdir()):
+                    return cls(candidate)  # an empty directory the user made for this run
+                raise ConfigError(
+                    f"run directory '{candidate}' already exists and is not empty; continue an interrupted run "
+                    f"with 'fedhet fit --resume {candidate}', or choose another --run_dir"
+                ) from None
+            claimed = cls(candidate)
+            claimed._created = True
+            return claimed
+        raise ConfigError(f"run directories '{base}' to '{candidates[-1]}' all exist; choose another --run_dir")
+
+    def release(self) -> None:
+        """Undo :meth:`claim` after a start-up failure: remove the directory again if it is ours and empty.
+
+        Only a directory this process made is removed, with an empty ``clients/`` left by the disk
+        state store, and only with ``os.rmdir``, so nothing a run wrote is ever deleted.
+        """
+        if not self._created:
+            return
+        for directory in (self.path / "clients", self.path):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
 
     @property
     def config_path(self) -> Path:
@@ -74,7 +127,11 @@ class RunDirectory:
             )
 
     def create(self, config_yaml: str) -> None:
-        """Start a new run: write the resolved config (refusing to overwrite an existing run)."""
+        """Start a new run: write the resolved config (refusing to overwrite an existing run).
+
+        Call it on a directory from :meth:`claim`; on any other path it is not safe against a
+        second run starting at the same moment.
+        """
         self.ensure_new()
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, config_yaml)
