@@ -74,16 +74,24 @@ class RunDirectory:
             except FileExistsError:
                 if unique:
                     continue
-                if candidate.is_dir() and not any(candidate.iterdir()):
-                    return cls(candidate)  # an empty directory the user made for this run
-                raise ConfigError(
-                    f"run directory '{candidate}' already exists and is not empty; continue an interrupted run "
-                    f"with 'fedhet fit --resume {candidate}', or choose another --run_dir"
-                ) from None
+                cls(candidate).check_available()
+                return cls(candidate)  # an empty directory the user made for this run
             claimed = cls(candidate)
             claimed._created = True
             return claimed
         raise ConfigError(f"run directories '{base}' to '{candidates[-1]}' all exist; choose another --run_dir")
+
+    def check_available(self) -> None:
+        """Refuse a directory chosen for a new run that exists and is not empty (cheap; run before any work).
+
+        Raises:
+            ConfigError: the path exists and is a file or a non-empty directory.
+        """
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise ConfigError(
+                f"run directory '{self.path}' already exists and is not empty; continue an interrupted run "
+                f"with 'fedhet fit --resume {self.path}', or choose another --run_dir"
+            )
 
     def release(self) -> None:
         """Undo :meth:`claim` after a start-up failure: remove the directory again if it is ours and empty.
@@ -156,12 +164,33 @@ class RunDirectory:
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         atomic_torch_save({"format": CHECKPOINT_FORMAT, **state}, self.checkpoint_path)
 
+    def rerun_hint(self) -> str:
+        """How to start a run again that cannot continue: its own config, in a new directory.
+
+        ``config.yaml`` records ``run_dir``, so the command names a new one explicitly.
+        """
+        return f"start it again from its config: fedhet fit --config {self.config_path} --run_dir {self.path}-rerun"
+
     def load_checkpoint(self) -> dict[str, Any]:
-        state = safe_torch_load(self.checkpoint_path, "checkpoint")
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        """The round checkpoint, or one line saying why the run cannot continue and what to do instead."""
+        if not self.checkpoint_path.is_file():
             raise CheckpointError(
-                f"checkpoint '{self.checkpoint_path}' is not a fedhet round checkpoint (format "
-                f"{state.get('format') if isinstance(state, dict) else type(state).__name__}); start a new run"
+                f"run '{self.path}' has no checkpoint.pt (it stopped before its first round ended), so it cannot "
+                f"continue; {self.rerun_hint()}"
+            )
+        try:
+            state = safe_torch_load(self.checkpoint_path, "checkpoint")
+        except CheckpointError:
+            # A truncated or foreign file: deleting it (as a generic hint would say) leaves nothing to resume.
+            raise CheckpointError(
+                f"checkpoint '{self.checkpoint_path}' is corrupt or not a fedhet file, so the run cannot continue; "
+                f"{self.rerun_hint()}"
+            ) from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(
+                f"checkpoint '{self.checkpoint_path}' is not a fedhet round checkpoint (format {found}); "
+                f"{self.rerun_hint()}"
             )
         return state
 
