@@ -274,13 +274,15 @@ def _prepare_args(args: Sequence[str]) -> list[str]:
     iterator = iter(args)
     for arg in iterator:
         name, equals, value = arg.partition("=")
-        if name in ("--config", "--method"):
+        if name in ("--config", "--method", "--method.help"):
             if not equals:
                 value = next(iterator, "")
                 if not value:
                     raise ConfigError(f"{name} needs a value; see 'fedhet fit --help'")
             if name == "--config":
                 _check_config_file(value)
+            elif name == "--method.help":
+                value = method_class_path(value)
             elif value.lstrip().startswith("{"):
                 try:
                     value = json.dumps(_map_method(yaml.safe_load(value)))
@@ -315,7 +317,7 @@ def _wants_print_config(args: Sequence[str]) -> bool:
 
 
 #: Keys a resumed run may differ in from the run it continues.
-RESUMABLE_KEYS = ("rounds", "run_dir", "config", "resume")
+RESUMABLE_KEYS = ("rounds", "run_dir", "config")
 
 
 def _changed_keys(parser: Any, config: Any, saved_config: Path, allowed: Sequence[str]) -> list[str]:
@@ -493,6 +495,13 @@ def _instantiate(parser: Any, config: Any) -> Any:
     except FedhetError:
         raise
     except (TypeError, ValueError) as exc:
+        # jsonargparse wraps what an __init__ raises in its union/subclass report; a FedhetError
+        # in the chain already is the one line written for users.
+        cause: BaseException | None = exc
+        while cause is not None:
+            if isinstance(cause, FedhetError):
+                raise cause from None
+            cause = cause.__cause__ or cause.__context__
         raise ConfigError(f"invalid configuration: {_one_line(str(exc))}") from None
 
 
@@ -575,7 +584,7 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
 
 # ------------------------------------------------------------------------------ test / validate
 #: Keys ``fedhet test``/``validate`` may change: the evaluation sets and how evaluation runs.
-EVALUATION_KEYS = ("scenario", "trainer", "wandb", "run_dir", "config", "resume")
+EVALUATION_KEYS = ("scenario", "trainer", "wandb", "run_dir", "config")
 
 
 def _read_only_disk_store(directory: Path) -> ClientStateStore:

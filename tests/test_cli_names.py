@@ -179,3 +179,11 @@ def test_corrupt_checkpoint_hint_proposes_a_command_that_works(tmp_path, capsys)
     assert code == 2 and "corrupt" in line and "delete" not in line
     code, _, err = _run(["fit", *line.split("fedhet fit ", 1)[1].split()], capsys)
     assert code == 0, err
+
+
+def test_method_help_takes_a_registry_name(capsys):
+    """--method.help fedproto shows FedProto's hyperparameters with their range types."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--method.help", "fedproto"])
+    out = capsys.readouterr().out
+    assert "--method.lam" in out and "NonNegativeFloat" in out and "PositiveFloat" in out
