@@ -100,7 +100,10 @@ def _load_yaml(text: str) -> Any:
     README use the registry names of ``fedhet list``, so they are mapped to class paths here,
     before jsonargparse sees them.
     """
-    from jsonargparse import get_loader
+    try:
+        from jsonargparse import get_loader
+    except ImportError:  # jsonargparse releases before get_loader was public
+        from jsonargparse._loaders_dumpers import get_loader
 
     value = get_loader("yaml")(text)
     if isinstance(value, dict) and "method" in value:
