@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from fedhet.core.payloads import Payload
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
 
 Batch = tuple[Tensor, Tensor]
 OptimizerName = Literal["sgd", "adam", "adamw"]
@@ -531,7 +532,11 @@ class Algorithm:
     label_counts_uploaded: ClassVar[bool] = False
 
     def __init__(
-        self, optimizer: OptimizerName = "sgd", lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0
+        self,
+        optimizer: OptimizerName = "sgd",
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         self.optimizer = optimizer
         self.lr = lr

@@ -48,6 +48,7 @@ from fedhet.functional import (
     prototype_examples,
     weighted_average,
 )
+from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
 from fedhet.seeding import derive_seed
 
 MODEL_PREFIX = "model."
@@ -546,15 +547,15 @@ class PublicDistillationAlgorithm(Algorithm):
 
     def __init__(
         self,
-        public_epochs: int,
+        public_epochs: NonNegativeInt,
         public_optimizer: OptimizerName,
-        public_lr: float,
-        public_weight_decay: float,
+        public_lr: PositiveFloat,
+        public_weight_decay: NonNegativeFloat,
         reset_public_optimizer: bool,
         optimizer: OptimizerName,
-        lr: float,
-        momentum: float,
-        weight_decay: float,
+        lr: PositiveFloat,
+        momentum: Momentum,
+        weight_decay: NonNegativeFloat,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         if public_epochs < 0:

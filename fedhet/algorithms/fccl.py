@@ -57,6 +57,7 @@ from fedhet.algorithms.common import PreviousModelClient
 from fedhet.algorithms.fccl_plus import CollaborativeOptimizer, CrossCorrelationCollaboration
 from fedhet.core.state import copy_state_into
 from fedhet.functional import dual_domain_distillation
+from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
 
 #: The run phase (and local stage) in which FCCL clients pretrain on their private data.
 PRETRAIN = "pretrain"
@@ -185,23 +186,23 @@ class FCCL(Algorithm):
 
     def __init__(
         self,
-        off_diag_weight: float = 0.0051,
+        off_diag_weight: NonNegativeFloat = 0.0051,
         off_diag_target: float = -1.0,
-        fisl_weight: float = 0.0,
-        similarity_temperature: float = 0.02,
-        pretrain_epochs: int = 50,
-        pretrain_lr: float = 1e-3,
-        pretrain_min_lr: float = 1e-6,
+        fisl_weight: NonNegativeFloat = 0.0,
+        similarity_temperature: PositiveFloat = 0.02,
+        pretrain_epochs: NonNegativeInt = 50,
+        pretrain_lr: PositiveFloat = 1e-3,
+        pretrain_min_lr: NonNegativeFloat = 1e-6,
         teacher_train_mode: bool = False,
-        public_lr: float = 1e-3,
-        public_epochs: int = 1,
+        public_lr: PositiveFloat = 1e-3,
+        public_epochs: NonNegativeInt = 1,
         collaborative_optimizer: CollaborativeOptimizer = "fresh_each_step",
         lr_decay: bool = True,
-        std_eps: float = 1e-5,
+        std_eps: NonNegativeFloat = 1e-5,
         optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
+        lr: PositiveFloat = 1e-3,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 1e-5,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.off_diag_weight = off_diag_weight

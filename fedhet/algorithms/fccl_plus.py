@@ -77,6 +77,7 @@ from fedhet.functional import (
     linear_round_decay,
     weighted_average,
 )
+from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
 
 LocalDistillation = Literal["fntd", "kd", "none"]
 CollaborativeOptimizer = Literal["fresh_each_step", "per_round"]
@@ -311,26 +312,26 @@ class FCCLPlus(Algorithm):
 
     def __init__(
         self,
-        off_diag_weight: float = 0.0051,
+        off_diag_weight: NonNegativeFloat = 0.0051,
         off_diag_target: float = -1.0,
         use_fisl: bool = True,
-        fisl_weight: float = 3.0,
-        similarity_temperature: float = 0.02,
+        fisl_weight: NonNegativeFloat = 3.0,
+        similarity_temperature: PositiveFloat = 0.02,
         local_distillation: LocalDistillation = "fntd",
-        temperature: float = 3.0,
+        temperature: PositiveFloat = 3.0,
         fntd_renormalize: bool = False,
         teacher: TeacherChoice = "previous_round",
         teacher_train_mode: bool = False,
-        public_lr: float = 1e-3,
-        public_epochs: int = 1,
+        public_lr: PositiveFloat = 1e-3,
+        public_epochs: NonNegativeInt = 1,
         collaborative_optimizer: CollaborativeOptimizer = "fresh_each_step",
         lr_decay: bool = True,
         average_after_collaboration: bool = False,
-        std_eps: float = 1e-5,
+        std_eps: NonNegativeFloat = 1e-5,
         optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
+        lr: PositiveFloat = 1e-3,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 1e-5,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.off_diag_weight = off_diag_weight

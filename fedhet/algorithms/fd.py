@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from fedhet.algorithms.base import Algorithm, Capabilities, ClientModule, OptimizerName, ServerPhase
 from fedhet.algorithms.common import ClassMeanRegularizedClient, ClassMeanServer, Weighting
 from fedhet.core.payloads import ClassStatsPayload
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
 
 
 class FDClient(ClassMeanRegularizedClient):
@@ -51,12 +52,12 @@ class FD(Algorithm):
 
     def __init__(
         self,
-        gamma: float = 1.0,
+        gamma: NonNegativeFloat = 1.0,
         logit_weighting: Weighting = "uniform",
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.gamma = gamma

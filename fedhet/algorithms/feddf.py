@@ -40,6 +40,7 @@ from fedhet.algorithms.base import ClientModule, OptimizerName
 from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import ensemble_distillation_loss, logit_consensus
+from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
 
 
 class FedDFPhase(PublicDistillationPhase):
@@ -89,16 +90,16 @@ class FedDF(PublicDistillationAlgorithm):
 
     def __init__(
         self,
-        temperature: float = 1.0,
-        public_epochs: int = 1,
+        temperature: PositiveFloat = 1.0,
+        public_epochs: NonNegativeInt = 1,
         public_optimizer: OptimizerName = "sgd",
-        public_lr: float = 1e-3,
-        public_weight_decay: float = 1e-5,
+        public_lr: PositiveFloat = 1e-3,
+        public_weight_decay: NonNegativeFloat = 1e-5,
         reset_public_optimizer: bool = True,
         optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
+        lr: PositiveFloat = 1e-3,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 1e-5,
     ) -> None:
         super().__init__(
             public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,

@@ -50,6 +50,7 @@ from fedhet.core.payloads import WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import ensemble_distillation_loss
+from fedhet.hparams import NonNegativeInt, PositiveFloat
 
 
 class EnsembleDistillation(ServerRefinement):
@@ -166,7 +167,11 @@ class FedDFServer(ServerPlugin):
     evaluation = ("clients", "server")
 
     def __init__(
-        self, base: Algorithm | None = None, distill_steps: int = 500, distill_lr: float = 1e-3, temperature: float = 1.0
+        self,
+        base: Algorithm | None = None,
+        distill_steps: NonNegativeInt = 500,
+        distill_lr: PositiveFloat = 1e-3,
+        temperature: PositiveFloat = 1.0,
     ) -> None:
         super().__init__(base, needs_public_data=True, heterogeneous_models=True)
         if distill_steps < 0 or distill_lr <= 0 or temperature <= 0:

@@ -58,6 +58,7 @@ from fedhet.core.payloads import Payload, WeightsPayload, check_shape
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import TrainingError
 from fedhet.functional import diversity_loss, weighted_average
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
 from fedhet.seeding import derive_seed, seeded
 
 EnsembleWeighting = Literal["label", "samples"]
@@ -326,18 +327,18 @@ class FedGen(Algorithm):
 
     def __init__(
         self,
-        noise_dim: int = 32,
-        generator_hidden_dim: int | None = None,
-        generator_lr: float = 0.1,
-        generator_steps: int = 100,
-        generator_batch_size: int = 10,
-        diversity_weight: float = 1.0,
+        noise_dim: PositiveInt = 32,
+        generator_hidden_dim: PositiveInt | None = None,
+        generator_lr: PositiveFloat = 0.1,
+        generator_steps: PositiveInt = 100,
+        generator_batch_size: PositiveInt = 10,
+        diversity_weight: NonNegativeFloat = 1.0,
         ensemble_weighting: EnsembleWeighting = "label",
-        generated_weight: float = 1.0,
+        generated_weight: NonNegativeFloat = 1.0,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.noise_dim = noise_dim

@@ -41,6 +41,7 @@ from fedhet.algorithms.base import (
 from fedhet.algorithms.common import FedProtoClient, PrototypeTrainingServer
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
 
 
 class FedGHClient(FedProtoClient):
@@ -90,13 +91,13 @@ class FedGH(Algorithm):
 
     def __init__(
         self,
-        server_lr: float = 0.01,
-        server_epochs: int = 100,
-        server_batch_size: int = 10,
+        server_lr: PositiveFloat = 0.01,
+        server_epochs: PositiveInt = 100,
+        server_batch_size: PositiveInt = 10,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.server_lr = server_lr

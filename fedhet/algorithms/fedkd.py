@@ -70,6 +70,7 @@ from fedhet.functional import (
     weighted_average,
 )
 from fedhet.functional.mutual_learning import KLReduction
+from fedhet.hparams import Fraction, Momentum, NonNegativeFloat, PositiveFloat
 
 CompressedQuantity = Literal["update", "weights"]
 STUDENT_PREFIX = "student."
@@ -288,18 +289,18 @@ class FedKD(Algorithm):
     def __init__(
         self,
         student_model: str = "simple_cnn",
-        student_lr: float = 0.01,
-        t_start: float = 0.95,
-        t_end: float = 0.95,
+        student_lr: PositiveFloat = 0.01,
+        t_start: Fraction = 0.95,
+        t_end: Fraction = 0.95,
         compressed_quantity: CompressedQuantity = "update",
         student_weighting: SharedWeighting = "uniform",
         shared_init_seed: int = 0,
         kl_reduction: KLReduction = "batchmean",
-        max_grad_norm: float | None = 10.0,
+        max_grad_norm: PositiveFloat | None = 10.0,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         for name, value in (("t_start", t_start), ("t_end", t_end)):

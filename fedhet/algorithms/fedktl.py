@@ -89,6 +89,7 @@ from fedhet.algorithms.base import (
 from fedhet.core.payloads import ClassStatsPayload, Payload, check_shape
 from fedhet.errors import TrainingError
 from fedhet.functional import arcface_logits, class_means, etf_cosines, rbf_mmd2, simplex_etf, unit_class_prototypes
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
 from fedhet.seeding import derive_seed, seeded
 
 if TYPE_CHECKING:
@@ -614,26 +615,26 @@ class FedKTL(Algorithm):
 
     def __init__(
         self,
-        mu: float = 50.0,
-        centroid_weight: float = 1.0,
-        scale: float = 64.0,
-        margin: float = 0.5,
-        etf_dim: int | None = None,
+        mu: NonNegativeFloat = 50.0,
+        centroid_weight: NonNegativeFloat = 1.0,
+        scale: PositiveFloat = 64.0,
+        margin: NonNegativeFloat = 0.5,
+        etf_dim: PositiveInt | None = None,
         generator: str = "untrained",
-        server_lr: float = 0.01,
-        server_epochs: int = 100,
-        server_batch_size: int = 100,
-        mmd_bandwidths: tuple[float, ...] = (10.0, 15.0, 20.0, 50.0),
+        server_lr: PositiveFloat = 0.01,
+        server_epochs: PositiveInt = 100,
+        server_batch_size: PositiveInt = 100,
+        mmd_bandwidths: tuple[PositiveFloat, ...] = (10.0, 15.0, 20.0, 50.0),
         centroid_mode: CentroidMode = "learned_table",
         prototype_mode: PrototypeMode = "unit",
         use_latent_task: bool = True,
         use_etf: bool = True,
-        grad_clip_norm: float | None = 100.0,
+        grad_clip_norm: PositiveFloat | None = 100.0,
         shared_seed: int = 0,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.mu = mu

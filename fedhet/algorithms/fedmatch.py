@@ -53,6 +53,7 @@ from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistilla
 from fedhet.data.augment import Compose, RandomCropPad, RandomHorizontalFlip
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import confident_pseudo_labels, kl_to_target, masked_pseudo_label_loss
+from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat, UnitInterval
 
 
 class Cutout:
@@ -161,18 +162,18 @@ class FedMatch(PublicDistillationAlgorithm):
 
     def __init__(
         self,
-        threshold: float = 0.85,
-        pseudo_label_weight: float = 1.0,
-        consistency_weight: float = 1.0,
-        public_epochs: int = 1,
+        threshold: UnitInterval = 0.85,
+        pseudo_label_weight: NonNegativeFloat = 1.0,
+        consistency_weight: NonNegativeFloat = 1.0,
+        public_epochs: NonNegativeInt = 1,
         public_optimizer: OptimizerName = "adam",
-        public_lr: float = 1e-3,
-        public_weight_decay: float = 0.0,
+        public_lr: PositiveFloat = 1e-3,
+        public_weight_decay: NonNegativeFloat = 0.0,
         reset_public_optimizer: bool = True,
         optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
+        lr: PositiveFloat = 1e-3,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 1e-5,
     ) -> None:
         super().__init__(
             public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,

@@ -48,6 +48,7 @@ from fedhet.algorithms.base import (
 from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import DigestLoss, digest_loss, logit_consensus
+from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
 
 #: Logits and targets cross the network as float32, whatever precision a client trains in.
 
@@ -104,16 +105,16 @@ class FedMD(PublicDistillationAlgorithm):
     def __init__(
         self,
         digest_loss: DigestLoss = "l1",
-        public_epochs: int = 1,
+        public_epochs: NonNegativeInt = 1,
         public_optimizer: OptimizerName = "adam",
-        public_lr: float = 1e-3,
-        public_weight_decay: float = 0.0,
+        public_lr: PositiveFloat = 1e-3,
+        public_weight_decay: NonNegativeFloat = 0.0,
         reset_public_optimizer: bool = True,
-        pretrain_rounds: int = 0,
+        pretrain_rounds: NonNegativeInt = 0,
         optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
+        lr: PositiveFloat = 1e-3,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 1e-5,
     ) -> None:
         super().__init__(
             public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,

@@ -53,6 +53,7 @@ from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional import aggregate_class_means, class_means, fedproc_alpha, prototypical_contrastive_loss
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, UnitInterval
 
 AlphaSchedule = Literal["linear", "constant"]
 
@@ -234,14 +235,14 @@ class FedProc(FedAvg):
 
     def __init__(
         self,
-        temperature: float = 1.0,
+        temperature: PositiveFloat = 1.0,
         alpha_schedule: AlphaSchedule = "linear",
-        alpha: float = 0.5,
+        alpha: UnitInterval = 0.5,
         proto_weighting: Weighting = "count",
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         if temperature <= 0:

@@ -33,6 +33,7 @@ from fedhet.algorithms.base import (
 )
 from fedhet.algorithms.common import ClassMeanServer, FedProtoClient, Weighting
 from fedhet.core.payloads import ClassStatsPayload
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
 
 
 class FedProto(Algorithm):
@@ -53,12 +54,12 @@ class FedProto(Algorithm):
 
     def __init__(
         self,
-        lam: float = 0.1,
+        lam: NonNegativeFloat = 0.1,
         proto_weighting: Weighting = "count",
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.lam = lam

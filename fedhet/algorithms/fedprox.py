@@ -22,6 +22,7 @@ from fedhet.algorithms.base import Batch, ClientModule, OptimizerName
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import proximal_term
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
 
 
 class FedProxClient(FedAvgClient):
@@ -81,11 +82,11 @@ class FedProx(FedAvg):
 
     def __init__(
         self,
-        mu: float = 0.01,
+        mu: NonNegativeFloat = 0.01,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.mu = mu

@@ -38,6 +38,7 @@ from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
 from fedhet.errors import ConfigError
 from fedhet.functional import restricted_logits, restricted_softmax_scale
 from fedhet.functional.contrastive import RestrictionMode
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, UnitInterval
 
 
 def label_counts(loader: Iterable[Any], num_classes: int) -> Tensor:
@@ -130,12 +131,12 @@ class FedRS(FedAvg):
 
     def __init__(
         self,
-        alpha: float = 0.5,
+        alpha: UnitInterval = 0.5,
         restriction: RestrictionMode = "missing",
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         if not 0.0 <= alpha <= 1.0:

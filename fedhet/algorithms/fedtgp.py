@@ -61,6 +61,7 @@ from fedhet.functional import (
     prototype_alignment_loss,
 )
 from fedhet.functional.prototype_learning import AlignmentDistance
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
 from fedhet.seeding import derive_seed, seeded
 
 Prediction = Literal["head", "prototype"]
@@ -212,17 +213,17 @@ class FedTGP(Algorithm):
 
     def __init__(
         self,
-        lam: float = 10.0,
+        lam: NonNegativeFloat = 10.0,
         prototype_distance: AlignmentDistance = "mse",
         prediction: Prediction = "head",
-        margin_threshold: float = 100.0,
-        server_lr: float = 0.01,
-        server_epochs: int = 100,
-        server_batch_size: int = 10,
+        margin_threshold: NonNegativeFloat = 100.0,
+        server_lr: PositiveFloat = 0.01,
+        server_epochs: PositiveInt = 100,
+        server_batch_size: PositiveInt = 10,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.lam = lam

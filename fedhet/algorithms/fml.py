@@ -52,6 +52,7 @@ from fedhet.algorithms.common import (
 from fedhet.core.payloads import WeightsPayload
 from fedhet.functional import mutual_learning_losses
 from fedhet.functional.mutual_learning import KLReduction
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, UnitInterval
 
 
 class FMLClient(SubmoduleSharingClient, SeparatelyClippedClient):
@@ -143,17 +144,17 @@ class FML(Algorithm):
 
     def __init__(
         self,
-        alpha: float = 0.5,
-        beta: float = 0.5,
+        alpha: UnitInterval = 0.5,
+        beta: UnitInterval = 0.5,
         meme_model: str = "simple_cnn",
         shared_init_seed: int = 0,
         kl_reduction: KLReduction = "batchmean",
         meme_weighting: SharedWeighting = "samples",
-        max_grad_norm: float | None = 10.0,
+        max_grad_norm: PositiveFloat | None = 10.0,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         self.alpha = alpha

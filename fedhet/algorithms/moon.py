@@ -44,6 +44,7 @@ from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError
 from fedhet.functional import model_contrastive_loss
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
 
 
 class ProjectedClassifier(nn.Module):
@@ -173,13 +174,13 @@ class MOON(FedAvg):
 
     def __init__(
         self,
-        mu: float = 1.0,
-        temperature: float = 0.5,
-        projection_dim: int | None = 256,
+        mu: NonNegativeFloat = 1.0,
+        temperature: PositiveFloat = 0.5,
+        projection_dim: PositiveInt | None = 256,
         optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
         if temperature <= 0:

@@ -67,6 +67,7 @@ from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistilla
 from fedhet.core.payloads import Payload, check_shape
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional.distillation import client_confidence_weights, symmetric_cross_entropy, weighted_peer_kl
+from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
 
 
 @dataclass(frozen=True)
@@ -231,18 +232,18 @@ class RHFL(PublicDistillationAlgorithm):
 
     def __init__(
         self,
-        sce_alpha: float = 0.1,
-        sce_beta: float = 1.0,
-        ccr_beta: float = 0.5,
-        public_epochs: int = 1,
+        sce_alpha: NonNegativeFloat = 0.1,
+        sce_beta: NonNegativeFloat = 1.0,
+        ccr_beta: NonNegativeFloat = 0.5,
+        public_epochs: NonNegativeInt = 1,
         public_optimizer: OptimizerName = "adam",
-        public_lr: float = 1e-3,
-        public_weight_decay: float = 0.0,
+        public_lr: PositiveFloat = 1e-3,
+        public_weight_decay: NonNegativeFloat = 0.0,
         reset_public_optimizer: bool = True,
         optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
+        lr: PositiveFloat = 1e-3,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 1e-5,
     ) -> None:
         super().__init__(
             public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,

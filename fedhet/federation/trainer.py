@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError
+from fedhet.hparams import Fraction, NonNegativeFloat, PositiveInt
 
 _LEAN_FLAGS: dict[str, Any] = {
     "logger": False,
@@ -130,11 +131,11 @@ class TrainerTemplate:
         max_epochs: int = 1,
         max_steps: int = -1,
         accelerator: str = "auto",
-        devices: int = 1,
+        devices: PositiveInt = 1,
         precision: str = "32-true",
-        gradient_clip_val: float | None = None,
-        accumulate_grad_batches: int = 1,
-        limit_train_batches: int | float | None = None,
+        gradient_clip_val: NonNegativeFloat | None = None,
+        accumulate_grad_batches: PositiveInt = 1,
+        limit_train_batches: PositiveInt | Fraction | None = None,
         deterministic: bool | None = None,
     ) -> None:
         if devices != 1:

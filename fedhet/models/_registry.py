@@ -102,7 +102,7 @@ def _check_name(name: str) -> None:
     close = difflib.get_close_matches(str(name), list(_model_entrypoints), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ConfigError(
-        f"unknown model {name!r}; {hint}run `fedhet models` or check fedhet.models.list_models()"
+        f"unknown model {name!r}; {hint}run `fedhet list` or check fedhet.models.list_models()"
         " for the registered names"
     )
 

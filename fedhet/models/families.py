@@ -140,7 +140,7 @@ def resolve_family(spec: str | Sequence[str]) -> list[str]:
             close = difflib.get_close_matches(str(name), list_models(), n=3, cutoff=0.5)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             raise ConfigError(
-                f"unknown model {name!r} in model family; {hint}run `fedhet models` or check"
+                f"unknown model {name!r} in model family; {hint}run `fedhet list` or check"
                 " fedhet.models.list_models() for the registered names"
             )
     return models

@@ -64,10 +64,15 @@ class ConsoleCallback:
 def format_summary(summary: dict[str, Any]) -> str:
     """The end-of-run report: headline metrics (final, best-on-val, last-3 mean) and the matrix."""
     kind = summary.get("scenario_kind")
-    keys = ["acc_intra", "acc_inter"] if kind == "domain_shift" else ["acc_local", "acc_global", "acc_local_mean", "acc_local_std"]
+    if kind == "domain_shift":
+        keys = ["acc_intra", "acc_inter"]
+    else:
+        keys = ["acc_local", "acc_global", "acc_local_mean", "acc_local_std"]
+    split = {"test": ", evaluated on the test sets", "val": ", evaluated on the validation sets"}
+    evaluated = split.get(summary.get("split", ""), "")
     lines = [
-        f"{summary['method']} on {summary['scenario']} ({kind}), seed {summary['seed']}, {summary['rounds']} rounds, "
-        f"{summary['wall_s']:.1f}s",
+        f"{summary['method']} on {summary['scenario']} ({kind}), seed {summary['seed']}, {summary['rounds']} rounds"
+        f"{evaluated}, {summary['wall_s']:.1f}s",
         f"{'metric':<16}{'final':>10}{'best(val)':>12}{'last-3':>10}",
     ]
     for key in keys:
@@ -76,14 +81,17 @@ def format_summary(summary: dict[str, Any]) -> str:
         last3 = summary.get("last3", {}).get(key)
         cells = [f"{v:10.2f}" if isinstance(v, (int, float)) else f"{'-':>10}" for v in (final, best, last3)]
         lines.append(f"{key:<16}{cells[0]}{cells[1]:>12}{cells[2]}")
-    domains = [c for c in (summary.get("matrix") or {}).get("columns", []) if f"domain/{c}/acc_intra" in summary["final"]]
+    columns = (summary.get("matrix") or {}).get("columns", [])
+    domains = [c for c in columns if f"domain/{c}/acc_intra" in summary["final"]]
     if domains:
         lines.append(f"{'domain (final)':<16}{'intra':>10}{'inter':>12}")
         for name in domains:
             intra, inter = summary["final"][f"domain/{name}/acc_intra"], summary["final"][f"domain/{name}/acc_inter"]
             lines.append(f"{name:<16}{intra:10.2f}{inter:12.2f}")
-    comm = summary["comm"]
-    lines.append(f"communication: up {_megabytes(comm['bytes_up'])}, down {_megabytes(comm['bytes_down'])} in total")
+    comm = summary.get("comm")  # absent from re-evaluations (fedhet test / validate): nothing was sent
+    if comm:
+        up, down = _megabytes(comm["bytes_up"]), _megabytes(comm["bytes_down"])
+        lines.append(f"communication: up {up}, down {down} in total")
     matrix = summary.get("matrix") or {}
     if matrix:
         rows, values, note = summarise_matrix(matrix)

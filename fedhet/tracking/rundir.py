@@ -10,6 +10,11 @@ Layout::
 
 ``summary.json`` exists only for a finished run, so a directory without it is never mistaken
 for a complete result. Every file is written atomically (temporary file, fsync, rename).
+
+A new run claims its directory with an exclusive ``os.mkdir`` (:meth:`RunDirectory.claim`): two
+runs started in the same second with the same method and seed (parallel sweep agents, a job
+array) used to share ``runs/<method>-<time>-s<seed>/`` and interleave their metrics; now the
+second one gets ``...-s<seed>-2``. A directory named by the user must be new or empty.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.core.state import atomic_torch_save, safe_torch_load
-from fedhet.errors import CheckpointError
+from fedhet.errors import CheckpointError, ConfigError
 
 CHECKPOINT_FORMAT = 1
 
@@ -45,6 +50,62 @@ class RunDirectory:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._created = False  # made by claim(): release() may remove it
+
+    @classmethod
+    def claim(cls, path: str | Path, unique: bool = False) -> RunDirectory:
+        """Create a new run's directory exclusively, so that no other run can write into it.
+
+        Args:
+            path: the directory to create (its parents are created as needed).
+            unique: the name is a default (``runs/<method>-<time>-s<seed>``): if it exists, take
+                the first free ``<path>-2``, ``<path>-3`` ... instead. Otherwise (a ``--run_dir``
+                the user chose) an existing empty directory is used and a non-empty one refused.
+
+        Raises:
+            ConfigError: ``path`` (not ``unique``) exists and is not an empty directory.
+        """
+        base = Path(path)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        candidates = [base] + ([base.with_name(f"{base.name}-{n}") for n in range(2, 1000)] if unique else [])
+        for candidate in candidates:
+            try:
+                os.mkdir(candidate)  # atomic: exactly one process succeeds for a name
+            except FileExistsError:
+                if unique:
+                    continue
+                cls(candidate).check_available()
+                return cls(candidate)  # an empty directory the user made for this run
+            claimed = cls(candidate)
+            claimed._created = True
+            return claimed
+        raise ConfigError(f"run directories '{base}' to '{candidates[-1]}' all exist; choose another --run_dir")
+
+    def check_available(self) -> None:
+        """Refuse a directory chosen for a new run that exists and is not empty (cheap; run before any work).
+
+        Raises:
+            ConfigError: the path exists and is a file or a non-empty directory.
+        """
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise ConfigError(
+                f"run directory '{self.path}' already exists and is not empty; continue an interrupted run "
+                f"with 'fedhet fit --resume {self.path}', or choose another --run_dir"
+            )
+
+    def release(self) -> None:
+        """Undo :meth:`claim` after a start-up failure: remove the directory again if it is ours and empty.
+
+        Only a directory this process made is removed, with an empty ``clients/`` left by the disk
+        state store, and only with ``os.rmdir``, so nothing a run wrote is ever deleted.
+        """
+        if not self._created:
+            return
+        for directory in (self.path / "clients", self.path):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
 
     @property
     def config_path(self) -> Path:
@@ -74,7 +135,11 @@ class RunDirectory:
             )
 
     def create(self, config_yaml: str) -> None:
-        """Start a new run: write the resolved config (refusing to overwrite an existing run)."""
+        """Start a new run: write the resolved config (refusing to overwrite an existing run).
+
+        Call it on a directory from :meth:`claim`; on any other path it is not safe against a
+        second run starting at the same moment.
+        """
         self.ensure_new()
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, config_yaml)
@@ -99,12 +164,33 @@ class RunDirectory:
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         atomic_torch_save({"format": CHECKPOINT_FORMAT, **state}, self.checkpoint_path)
 
+    def rerun_hint(self) -> str:
+        """How to start a run again that cannot continue: its own config, in a new directory.
+
+        ``config.yaml`` records ``run_dir``, so the command names a new one explicitly.
+        """
+        return f"start it again from its config: fedhet fit --config {self.config_path} --run_dir {self.path}-rerun"
+
     def load_checkpoint(self) -> dict[str, Any]:
-        state = safe_torch_load(self.checkpoint_path, "checkpoint")
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        """The round checkpoint, or one line saying why the run cannot continue and what to do instead."""
+        if not self.checkpoint_path.is_file():
             raise CheckpointError(
-                f"checkpoint '{self.checkpoint_path}' is not a fedhet round checkpoint (format "
-                f"{state.get('format') if isinstance(state, dict) else type(state).__name__}); start a new run"
+                f"run '{self.path}' has no checkpoint.pt (it stopped before its first round ended), so it cannot "
+                f"continue; {self.rerun_hint()}"
+            )
+        try:
+            state = safe_torch_load(self.checkpoint_path, "checkpoint")
+        except CheckpointError:
+            # A truncated or foreign file: deleting it (as a generic hint would say) leaves nothing to resume.
+            raise CheckpointError(
+                f"checkpoint '{self.checkpoint_path}' is corrupt or not a fedhet file, so the run cannot continue; "
+                f"{self.rerun_hint()}"
+            ) from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(
+                f"checkpoint '{self.checkpoint_path}' is not a fedhet round checkpoint (format {found}); "
+                f"{self.rerun_hint()}"
             )
         return state
 

@@ -9,13 +9,19 @@ under the run directory without network (``wandb sync`` uploads later); ``"disab
 ``wandb agent`` (``WANDB_SWEEP_ID`` set) logs online unless ``WANDB_MODE`` says otherwise: the
 sweep server chooses the next runs from the metrics it receives. The W&B run id is stored in the checkpoint so that
 ``--resume`` continues the same W&B run.
+
+``mode="online"`` without W&B credentials (no ``WANDB_API_KEY``, no ``wandb login`` entry in
+``~/.netrc``) would make ``wandb.init`` prompt or fail after the run has started; such a run logs
+offline instead (the command line says so in one warning line), and ``wandb sync`` uploads it later.
 """
 
 from __future__ import annotations
 
+import netrc
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 WandbMode = Literal["online", "offline", "disabled"]
 
@@ -49,13 +55,44 @@ class WandbConfig:
         self.name = name
         self.tags = list(tags or [])
 
-    def effective_mode(self) -> str:
-        """``WANDB_MODE`` when set; online for an offline-configured run started by ``wandb agent``; else ``mode``."""
+    def requested_mode(self) -> str:
+        """The mode asked for: ``WANDB_MODE`` when set; online for an offline-configured run started by
+        ``wandb agent`` (its server needs the metrics, docs/sweeps.md); else :attr:`mode`."""
         if "WANDB_MODE" in os.environ:
             return os.environ["WANDB_MODE"]
         if os.environ.get("WANDB_SWEEP_ID") and self.mode == "offline":
-            return "online"  # an agent's run must report to the sweep server (docs/sweeps.md)
+            return "online"
         return self.mode
+
+    def effective_mode(self) -> str:
+        """The mode the run logs in: the requested one, but ``"offline"`` for online without credentials."""
+        mode = self.requested_mode()
+        return "offline" if mode == "online" and not wandb_credentials_available() else mode
+
+
+def wandb_credentials_available() -> bool:
+    """Whether ``wandb.init`` would find credentials for the W&B server without prompting.
+
+    Checks the places W&B itself reads (``wandb/sdk/lib/wbauth``): ``WANDB_API_KEY`` or
+    ``WANDB_IDENTITY_TOKEN_FILE``, else a ``.netrc`` entry for the server's host (``NETRC``, else
+    ``~/.netrc`` or ``~/_netrc``; ``wandb login`` writes it). The key itself is not checked (that
+    needs the network); reading the files here avoids importing wandb (about a second) up front.
+    """
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).netloc
+    if os.environ.get("NETRC"):
+        paths = [Path(os.environ["NETRC"]).expanduser()]
+    else:
+        paths = [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+    for path in paths:
+        if path.is_file():
+            try:
+                entry = netrc.netrc(str(path)).authenticators(host)
+            except (netrc.NetrcParseError, OSError):
+                return False
+            return bool(entry and entry[2])
+    return False
 
 
 class WandbCallback:
@@ -96,7 +133,7 @@ class WandbCallback:
             matrix = loop.last_matrix
             payload["matrix/client_x_eval"] = self._wandb.Table(
                 columns=["client", *matrix["columns"]],
-                data=[[row, *values] for row, values in zip(matrix["rows"], matrix["top1"])],
+                data=[[row, *values] for row, values in zip(matrix["rows"], matrix["top1"], strict=True)],
             )
         self.run.log(payload)
 
