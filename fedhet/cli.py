@@ -199,7 +199,9 @@ def build_parser(prog: str = "fedhet fit") -> Any:
     parser.add_subclass_arguments(FederatedScenario, "scenario", required=True, help="the federated scenario")
     parser.add_class_arguments(TrainerTemplate, "trainer", help="Trainer template of every client fit")
     parser.add_class_arguments(
-        ServerTrainerTemplate, "server_trainer", help="Trainer template of trained server stages (budgets are the method's)"
+        ServerTrainerTemplate,
+        "server_trainer",
+        help="Trainer template of trained server stages (budgets are the method's)",
     )
     parser.add_class_arguments(FederationSettings, "federation", help="round-loop settings")
     parser.add_class_arguments(WandbConfig, "wandb", help="Weights & Biases logging")

@@ -366,7 +366,7 @@ class TrainableServerPhase(RefineStage, ServerPhase):
     """
 
     def setup(self, context: ServerContext | str | None = None, stage: str | None = None) -> None:  # type: ignore[override]
-        """The loop's ``setup(context)`` goes to :meth:`setup_server`; Lightning's ``setup(stage)`` hook does nothing."""
+        """The loop's ``setup(context)`` goes to :meth:`setup_server`; Lightning's ``setup(stage)`` does nothing."""
         if isinstance(context, ServerContext):
             self.context = context
             self.setup_server(context)
@@ -558,7 +558,12 @@ class Algorithm:
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """The client optimizer arguments, passed on to every :class:`ClientModule`."""
-        return {"optimizer": self.optimizer, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+        return {
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+        }
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         """A client module around ``model``; called once per architecture (weights are swapped in)."""

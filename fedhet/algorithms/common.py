@@ -134,7 +134,9 @@ class SubmoduleAveragingServer(ServerPhase):
         for client_id, architecture in enumerate(context.architectures):
             key = self.group(architecture)
             if key not in self.global_by_architecture:
-                self.global_by_architecture[key] = state_with_prefix(context.initial_client_state(client_id), self.prefix)
+                self.global_by_architecture[key] = state_with_prefix(
+                    context.initial_client_state(client_id), self.prefix
+                )
 
     @property
     def global_weights(self) -> dict[str, Tensor]:
@@ -530,8 +532,9 @@ class PublicDistillationPhase(CollaborativePhase, ABC):
 
 
 class PublicDistillationAlgorithm(Algorithm):
-    """Base of the methods whose collaboration is a :class:`PublicDistillationPhase` (FedMD,
-    FedDF, RHFL, FedMatch): holds and checks the public-phase settings once, so each method
+    """Base of the methods whose collaboration is a :class:`PublicDistillationPhase`.
+
+    FedMD, FedDF, RHFL and FedMatch share it: it holds and checks the public-phase settings once, so each method
     only adds its own loss's arguments.
 
     Args:

@@ -137,7 +137,9 @@ class FCCLPlusClient(PreviousModelClient):
         momentum: float = 0.0,
         weight_decay: float = 1e-5,
     ) -> None:
-        super().__init__(model, num_classes, teacher, teacher_train_mode, lr_decay, optimizer, lr, momentum, weight_decay)
+        super().__init__(
+            model, num_classes, teacher, teacher_train_mode, lr_decay, optimizer, lr, momentum, weight_decay
+        )
         self.local_distillation: LocalDistillation = local_distillation
         self.temperature = temperature
         self.fntd_renormalize = fntd_renormalize

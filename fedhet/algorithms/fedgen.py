@@ -223,8 +223,12 @@ class FedGenServer(TrainableServerPhase):
         self.global_head = nn.Linear(feature_dim, self.num_classes).requires_grad_(False)
         copy_state_into(self.global_head, head)
         with seeded(derive_seed(context.seed, "fedgen", "generator")):
-            self.generator = FeatureGenerator(self.noise_dim, self.num_classes, self.hidden_dim or feature_dim, feature_dim)
-        self.register_buffer("client_label_counts", torch.zeros(context.num_clients, self.num_classes, dtype=torch.long))
+            self.generator = FeatureGenerator(
+                self.noise_dim, self.num_classes, self.hidden_dim or feature_dim, feature_dim
+            )
+        self.register_buffer(
+            "client_label_counts", torch.zeros(context.num_clients, self.num_classes, dtype=torch.long)
+        )
         self.register_buffer("rounds_trained", torch.zeros((), dtype=torch.long))
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:

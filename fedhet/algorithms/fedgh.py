@@ -21,8 +21,8 @@ Deviations from paper/official code: prototypes are the class means of the featu
 local training in eval mode (HtFLlib does the same; the paper averages representations of the
 trained model too). The server's per-round budget is carried by its data loader
 (``server_epochs`` passes in one Lightning epoch, the stage's one-epoch budget), fitted with the
-``server_trainer`` template; the clients' ``trainer`` settings never cut it short. Heterogeneous backbones emit one feature
-dimension through ``feature_dim`` (HtFLlib's ``-fd``).
+``server_trainer`` template; the clients' ``trainer`` settings never cut it short.
+Heterogeneous backbones emit one feature dimension through ``feature_dim`` (HtFLlib's ``-fd``).
 """
 
 from __future__ import annotations

@@ -220,7 +220,9 @@ class FedKDServer(ServerPhase):
         weighting: ``"uniform"`` (both codes) or ``"samples"`` (example-weighted).
     """
 
-    def __init__(self, compressed_quantity: CompressedQuantity = "update", weighting: SharedWeighting = "uniform") -> None:
+    def __init__(
+        self, compressed_quantity: CompressedQuantity = "update", weighting: SharedWeighting = "uniform"
+    ) -> None:
         self.compressed_quantity: CompressedQuantity = compressed_quantity
         self.weighting: SharedWeighting = weighting
         self.global_student: dict[str, Tensor] = {}
@@ -242,7 +244,8 @@ class FedKDServer(ServerPhase):
         mean = weighted_average(states, weights)
         if self.compressed_quantity == "update":
             mean = {
-                k: (v + mean[k].to(v.dtype)) if v.is_floating_point() else mean[k] for k, v in self.global_student.items()
+                k: (v + mean[k].to(v.dtype)) if v.is_floating_point() else mean[k]
+                for k, v in self.global_student.items()
             }
         self.global_student = mean
         self.energy = max(float(u.payload.energy) for u in uploads)  # type: ignore[attr-defined]

@@ -108,7 +108,6 @@ class FMLClient(SubmoduleSharingClient, SeparatelyClippedClient):
         yield list(self.meme.parameters())
 
 
-
 class SharedModelServer(SubmoduleAveragingServer):
     """FedAvg of one shared sub-module of the client modules, one average over every client (FML's meme).
 
@@ -166,7 +165,9 @@ class FML(Algorithm):
         self.max_grad_norm = max_grad_norm
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        meme = build_shared_model(self.meme_model, num_classes, self.image_channels(), self.shared_init_seed, "fml-meme")
+        meme = build_shared_model(
+            self.meme_model, num_classes, self.image_channels(), self.shared_init_seed, "fml-meme"
+        )
         return FMLClient(
             model,
             num_classes,

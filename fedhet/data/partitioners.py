@@ -231,7 +231,7 @@ class PathologicalPartitioner(Partitioner):
                     "num_clients or classes_per_client"
                 )
             counts = self._shares(len(members), len(owners), rng)
-            for owner, piece in zip(owners, np.split(members, np.cumsum(counts)[:-1])):
+            for owner, piece in zip(owners, np.split(members, np.cumsum(counts)[:-1]), strict=False):
                 parts[owner].append(piece)
         result = [np.concatenate(p) if p else np.empty(0, np.int64) for p in parts]
         smallest = min(len(p) for p in result)
@@ -330,7 +330,7 @@ def sample_private_subsets(
         )
     order = np.random.default_rng(seed).permutation(pool_size)
     stops = np.cumsum(sizes)
-    return [np.sort(order[stop - size : stop]) for size, stop in zip(sizes, stops)]
+    return [np.sort(order[stop - size : stop]) for size, stop in zip(sizes, stops, strict=False)]
 
 
 def stratified_sample(
@@ -362,7 +362,7 @@ def stratified_sample(
         winners = tie_break[np.argsort(-fractions, kind="stable")[:leftover]]
         taken_per_class[winners] += 1
     taken = []
-    for cls, count in zip(classes, taken_per_class):
+    for cls, count in zip(classes, taken_per_class, strict=False):
         members = np.flatnonzero(labels == cls)
         taken.append(rng.choice(members, size=int(count), replace=False))
     taken_index = np.sort(np.concatenate(taken)) if taken else np.empty(0, np.int64)

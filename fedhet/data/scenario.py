@@ -203,7 +203,7 @@ class FederatedScenario(LightningDataModule):
         # equal shares of public_size per named pool; the first pools take the remainder
         shares = [self.public_size // len(names) + (i < self.public_size % len(names)) for i in range(len(names))]
         parts = []
-        for name, share in zip(names, shares):
+        for name, share in zip(names, shares, strict=False):
             pool = load_dataset(name, self.root, self.data_seed, self.image_size).train
             if share > len(pool):
                 raise DataError(
@@ -215,7 +215,7 @@ class FederatedScenario(LightningDataModule):
             parts.append(pool.subset(np.sort(rng.choice(len(pool), share, replace=False))).x)
         # Labelled sets (cifar100, tiny_imagenet, digit domains) double as public data: their
         # labels are dropped so no public-data method can use them by accident (FCCL+ never does).
-        shapes = {name: tuple(part.shape[1:]) for name, part in zip(names, parts)}
+        shapes = {name: tuple(part.shape[1:]) for name, part in zip(names, parts, strict=False)}
         if len(set(shapes.values())) > 1:
             raise DataError(f"public datasets {names} have different image shapes {shapes}: mix datasets of one shape")
         x = torch.cat(parts)
@@ -433,8 +433,9 @@ class ClientDataModule(LightningDataModule):
 
 
 class DomainShiftScenario(FederatedScenario):
-    """Clients grouped by domain (FCCL+ Digits / Office style); client ``c`` is in domain
-    ``c // clients_per_domain``.
+    """Clients grouped by domain (FCCL+ Digits / Office style).
+
+    Client ``c`` is in domain ``c // clients_per_domain``.
 
     Per domain: a stratified validation set of ``val_per_domain`` images comes out of the train
     pool first; the clients of the domain then get disjoint uniform random private subsets of
@@ -629,7 +630,7 @@ class LabelSkewScenario(FederatedScenario):
         self,
         dataset: str = "mnist",
         num_clients: int = 10,
-        partitioner: Partitioner = lazy_instance(DirichletPartitioner, beta=0.1),
+        partitioner: Partitioner = lazy_instance(DirichletPartitioner, beta=0.1),  # noqa: B008 - jsonargparse's lazy default
         pool_train_test: bool = True,
         global_test_size: int | None = 500,
         global_val_size: int = 250,

@@ -43,7 +43,9 @@ class Executor(ABC):
         self.runtime = runtime
 
     @abstractmethod
-    def fit_clients(self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None) -> list[ClientResult]:
+    def fit_clients(
+        self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None
+    ) -> list[ClientResult]:
         """Run each task's local stages; results in task order. ``on_result(done)`` after each client ends."""
 
     def fit_collaborative(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientResult], int, int]:
@@ -54,14 +56,16 @@ class Executor(ABC):
     def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
         """Evaluate each task's client on its evaluation sets (test columns, then validation columns)."""
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - optional hook: in-process executors hold nothing
         """Release workers (the loop calls this in a ``finally``)."""
 
 
 class SequentialExecutor(Executor):
     """In-process, one client after another (the default; deterministic and cheapest on one machine)."""
 
-    def fit_clients(self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None) -> list[ClientResult]:
+    def fit_clients(
+        self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None
+    ) -> list[ClientResult]:
         results = []
         for task in tasks:
             results.append(self.runtime.fit_client(task))
@@ -136,7 +140,9 @@ class ProcessExecutor(Executor):
             raise RuntimeError("ProcessExecutor used before start() or after shutdown()")
         return list(self._pool.map(fn, *iterables))
 
-    def fit_clients(self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None) -> list[ClientResult]:
+    def fit_clients(
+        self, tasks: Sequence[ClientTask], on_result: Callable[[int], None] | None = None
+    ) -> list[ClientResult]:
         if self._pool is None:
             raise RuntimeError("ProcessExecutor used before start() or after shutdown()")
         futures = [self._pool.submit(_worker_fit, task) for task in tasks]

@@ -76,7 +76,11 @@ def update_norm(upload: Payload, download: Payload | None) -> float:
         if not tensor.is_floating_point():
             continue
         reference = received.get(name)
-        delta = tensor.double() - reference.double() if reference is not None and reference.shape == tensor.shape else tensor.double()
+        delta = (
+            tensor.double() - reference.double()
+            if reference is not None and reference.shape == tensor.shape
+            else tensor.double()
+        )
         total += float(delta.pow(2).sum())
     return total**0.5
 
@@ -193,15 +197,15 @@ class FederationLoop:
         if on_invalid_upload not in ("fail", "drop"):
             raise ConfigError(f"federation.on_invalid_upload={on_invalid_upload!r}: use 'fail' or 'drop'")
         if upload_norm_bound is not None and upload_norm_bound <= 1.0:
-            raise ConfigError(f"federation.upload_norm_bound={upload_norm_bound}: must be > 1 (a multiple of the median)")
+            raise ConfigError(
+                f"federation.upload_norm_bound={upload_norm_bound}: must be > 1 (a multiple of the median)"
+            )
         self.on_invalid_upload = on_invalid_upload
         self.upload_norm_bound = upload_norm_bound
 
         scenario.setup()
         if len(self.architectures) != scenario.num_clients:
-            raise ConfigError(
-                f"{len(self.architectures)} client architectures for {scenario.num_clients} clients"
-            )
+            raise ConfigError(f"{len(self.architectures)} client architectures for {scenario.num_clients} clients")
         clients_per_round(scenario.num_clients, participation)  # validates early
         check_compatibility(algorithm, scenario, self.architectures, family_name)
         if algorithm.collaborative_epochs() > 0 and (upload_noise is not None or download_noise is not None):
@@ -320,7 +324,9 @@ class FederationLoop:
             if result.upload is not None:
                 upload = result.upload
                 if self.upload_noise is not None:
-                    upload = self.upload_noise.perturb(upload, derive_seed(self.seed, "upload-noise", step_idx, result.client_id))
+                    upload = self.upload_noise.perturb(
+                        upload, derive_seed(self.seed, "upload-noise", step_idx, result.client_id)
+                    )
                 self.ledger.record_up(upload.nbytes())
                 received.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
         uploads = self._screen_uploads(step_idx, received)
@@ -347,7 +353,12 @@ class FederationLoop:
 
         eval_started = time.perf_counter()
         last = step_idx == len(self.schedule) - 1
-        if not step.is_round or (step.phase_step + 1) % self.eval_every == 0 or last or step.phase_step == self.rounds - 1:
+        if (
+            not step.is_round
+            or (step.phase_step + 1) % self.eval_every == 0
+            or last
+            or step.phase_step == self.rounds - 1
+        ):
             self._notify("on_evaluate_start", step_idx)
             record.update(self.evaluate(step_idx))
             self.best.update(step_idx, record)
@@ -396,19 +407,25 @@ class FederationLoop:
         for index, stage in enumerate(self.server.refine_stages()):
             if not stage.should_refine():
                 continue
-            seed = derive_seed(self.seed, "server", step_idx) if index == 0 else derive_seed(self.seed, "server", step_idx, index)
+            seed = (
+                derive_seed(self.seed, "server", step_idx)
+                if index == 0
+                else derive_seed(self.seed, "server", step_idx, index)
+            )
             budget = stage.refine_budget()
             with seeded(seed, self.server_trainer.device()):
                 loader = stage.server_dataloader(seed)
                 self.server_trainer.build(budget.epochs, budget.steps).fit(stage, train_dataloaders=loader)
 
     def _download(self, client_id: int, step_idx: int) -> Payload | None:
-        """What ``client_id`` receives at the start of step ``step_idx``, built once (perturbed when download noise is on)."""
+        """What ``client_id`` receives at the start of step ``step_idx``, built once (with download noise, if on)."""
         key = (step_idx, client_id)
         if key not in self._downloads:
             download = self.server.download_for(client_id)
             if download is not None and self.download_noise is not None:
-                download = self.download_noise.perturb(download, derive_seed(self.seed, "download-noise", step_idx, client_id))
+                download = self.download_noise.perturb(
+                    download, derive_seed(self.seed, "download-noise", step_idx, client_id)
+                )
             self._downloads[key] = download
         return self._downloads[key]
 
@@ -453,7 +470,9 @@ class FederationLoop:
         metrics["eval/clients"] = float(len(clients))
         return metrics
 
-    def _evaluate_clients(self, round_idx: int, clients: list[int], apply_download: bool, prefix: str) -> dict[str, float]:
+    def _evaluate_clients(
+        self, round_idx: int, clients: list[int], apply_download: bool, prefix: str
+    ) -> dict[str, float]:
         step = self.schedule[min(round_idx, len(self.schedule) - 1)]
         tasks = [
             ClientTask(
@@ -483,7 +502,9 @@ class FederationLoop:
                 "columns": self.column_names,
                 "top1": as_matrix_list(results["test"]["top1"]),
             }
-        metrics = round_metrics(self.scenario.kind, results["test"], results["val"], own, self.scenario.domains, clients)
+        metrics = round_metrics(
+            self.scenario.kind, results["test"], results["val"], own, self.scenario.domains, clients
+        )
         return {f"{prefix}{k}" if not k.startswith("val/") else f"val/{prefix}{k[4:]}": v for k, v in metrics.items()}
 
     def _evaluate_server(self) -> dict[str, float]:

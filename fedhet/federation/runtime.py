@@ -318,13 +318,19 @@ class ClientRuntime:
             modules.append(module)
         phase = self.algorithm.build_collaborative_phase(modules)
         if phase is None:
-            raise TrainingError(f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase")
+            raise TrainingError(
+                f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase"
+            )
         phase.round_idx, phase.total_rounds = tasks[0].round_idx, self.rounds
         seed = derive_seed(self.seed, "collaborate", tasks[0].step)
-        trainer = self.trainer.build(max_epochs=self.algorithm.collaborative_epochs(), max_steps=-1, limit_train_batches=None)
+        trainer = self.trainer.build(
+            max_epochs=self.algorithm.collaborative_epochs(), max_steps=-1, limit_train_batches=None
+        )
         with seeded(seed, self.device):
             trainer.fit(phase, train_dataloaders=self.scenario.public_loader(seed))
-        results = [self._train_local(module, task, state) for module, task, state in zip(modules, tasks, states)]
+        results = [
+            self._train_local(module, task, state) for module, task, state in zip(modules, tasks, states, strict=False)
+        ]
         return results, phase.exchanged_bytes_up, phase.exchanged_bytes_down
 
     # ------------------------------------------------------------------ evaluation

@@ -39,7 +39,7 @@ class ClientStateStore(ABC):
     def commit(self, round_idx: int) -> None:
         """Make the states staged in ``round_idx`` current (called when the round is checkpointed)."""
 
-    def prune(self) -> None:
+    def prune(self) -> None:  # noqa: B027 - optional hook: memory stores hold nothing superseded
         """Delete superseded states; called only after the checkpoint naming the current ones is saved."""
 
     @abstractmethod

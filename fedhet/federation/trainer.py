@@ -213,7 +213,10 @@ class ServerTrainerTemplate:
         deterministic: bool | None = None,
     ) -> None:
         self._template = TrainerTemplate(
-            accelerator=accelerator, precision=precision, gradient_clip_val=gradient_clip_val, deterministic=deterministic
+            accelerator=accelerator,
+            precision=precision,
+            gradient_clip_val=gradient_clip_val,
+            deterministic=deterministic,
         )
         self.accelerator = accelerator
         self.precision = precision
@@ -251,10 +254,8 @@ class OptimizerStateCarrier(Callback):
         if len(self.states) != len(trainer.optimizers):
             self.states = None
             return
-        for optimizer, state in zip(trainer.optimizers, self.states):
+        for optimizer, state in zip(trainer.optimizers, self.states, strict=False):
             optimizer.load_state_dict(state)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.states = [clone_state(optimizer.state_dict()) for optimizer in trainer.optimizers]
-
-

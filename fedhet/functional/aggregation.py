@@ -26,7 +26,9 @@ def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[f
         tensor([3., 5.])
     """
     if not states or len(states) != len(weights):
-        raise ValueError(f"weighted_average needs one weight per state, got {len(states)} states, {len(weights)} weights")
+        raise ValueError(
+            f"weighted_average needs one weight per state, got {len(states)} states, {len(weights)} weights"
+        )
     total = float(sum(weights))
     if total <= 0:
         raise ValueError("weighted_average needs a positive total weight")

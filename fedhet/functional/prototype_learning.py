@@ -44,7 +44,7 @@ def prototype_examples(values: Sequence[Tensor], counts: Sequence[Tensor]) -> tu
             f"prototype_examples needs one counts tensor per values tensor, got {len(values)} and {len(counts)}"
         )
     rows, labels = [], []
-    for client_values, client_counts in zip(values, counts):
+    for client_values, client_counts in zip(values, counts, strict=False):
         held = torch.nonzero(client_counts > 0).flatten()
         rows.append(client_values[held.to(client_values.device)])
         labels.append(held.to(torch.long))

@@ -77,7 +77,11 @@ class DiffusersVAEAdapter(GeneratorAdapter):
         self.scaling_factor = float(getattr(config, "scaling_factor", 0.18215))
         downsampling = 2 ** (len(config.block_out_channels) - 1)
         self.resolution = int(config.sample_size)
-        self.latent_shape = (int(config.latent_channels), self.resolution // downsampling, self.resolution // downsampling)
+        self.latent_shape = (
+            int(config.latent_channels),
+            self.resolution // downsampling,
+            self.resolution // downsampling,
+        )
         self.latent_dim = self.latent_shape[0] * self.latent_shape[1] * self.latent_shape[2]
         self.out_channels = int(config.out_channels)
         self.freeze()
@@ -114,7 +118,9 @@ class StyleGANPickleAdapter(GeneratorAdapter):
                 "(dnnlib, torch_utils) on PYTHONPATH"
             ) from None
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
-            raise CheckpointError(f"StyleGAN pickle '{file}' is corrupt or incompatible ({type(exc).__name__})") from None
+            raise CheckpointError(
+                f"StyleGAN pickle '{file}' is corrupt or incompatible ({type(exc).__name__})"
+            ) from None
         network = loaded.get("G_ema") if isinstance(loaded, dict) else loaded
         missing = [a for a in ("mapping", "synthesis", "z_dim", "w_dim", "img_resolution") if not hasattr(network, a)]
         if not isinstance(network, nn.Module) or missing:

@@ -99,9 +99,9 @@ def r1_penalty(real_logits: Tensor, real_images: Tensor) -> Tensor:
 @torch.no_grad()
 def ema_update(average: nn.Module, current: nn.Module, decay: float) -> None:
     """``average <- decay * average + (1 - decay) * current``, parameter by parameter (buffers copied)."""
-    for averaged, value in zip(average.parameters(), current.parameters()):
+    for averaged, value in zip(average.parameters(), current.parameters(), strict=False):
         averaged.lerp_(value, 1.0 - decay)
-    for averaged, value in zip(average.buffers(), current.buffers()):
+    for averaged, value in zip(average.buffers(), current.buffers(), strict=False):
         averaged.copy_(value)
 
 
@@ -348,7 +348,9 @@ def pretrain_generator(
     if config is None:
         config = StyleGeneratorConfig(resolution=image_size)
     elif config.resolution != image_size:
-        raise ConfigError(f"config.resolution {config.resolution} differs from image_size {image_size}; make them equal")
+        raise ConfigError(
+            f"config.resolution {config.resolution} differs from image_size {image_size}; make them equal"
+        )
     weights, sidecar, samples = _artifact_paths(name, cache_dir)
     settings = {
         "steps": steps,

@@ -156,7 +156,9 @@ class MappingNetwork(nn.Module):
     def __init__(self, config: StyleGeneratorConfig) -> None:
         super().__init__()
         dims = [config.z_dim] + [config.w_dim] * config.mapping_layers
-        self.layers = nn.ModuleList(EqualizedLinear(a, b, lr_multiplier=0.01) for a, b in zip(dims[:-1], dims[1:]))
+        self.layers = nn.ModuleList(
+            EqualizedLinear(a, b, lr_multiplier=0.01) for a, b in zip(dims[:-1], dims[1:], strict=False)
+        )
 
     def forward(self, z: Tensor) -> Tensor:
         x = z * (z.square().mean(dim=1, keepdim=True) + 1e-8).rsqrt()  # pixel norm
@@ -184,7 +186,7 @@ class SynthesisNetwork(nn.Module):
     def forward(self, w: Tensor) -> Tensor:
         x = self.const[None].expand(w.shape[0], -1, -1, -1)
         image: Tensor | None = None
-        for index, (conv, to_rgb) in enumerate(zip(self.convs, self.to_rgb)):
+        for index, (conv, to_rgb) in enumerate(zip(self.convs, self.to_rgb, strict=False)):
             if index > 0:
                 x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
             x = _lrelu(conv(x, w))
@@ -211,8 +213,11 @@ class StyleGenerator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """Small StyleGAN-like discriminator: fromRGB, conv + 2x average-pool per resolution,
-    minibatch standard deviation at 4x4, then two fully connected layers to one logit."""
+    """Small StyleGAN-like discriminator.
+
+    fromRGB, conv + 2x average-pool per resolution, minibatch standard deviation at 4x4, then two
+    fully connected layers to one logit.
+    """
 
     def __init__(self, config: StyleGeneratorConfig | None = None, mbstd_group: int = 4) -> None:
         super().__init__()

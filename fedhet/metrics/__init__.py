@@ -4,4 +4,11 @@ from fedhet.metrics.accuracy import ClientSetAccuracy
 from fedhet.metrics.functional import intra_inter_accuracy, local_accuracy, topk_correct
 from fedhet.metrics.report import BestTracker, round_metrics
 
-__all__ = ["BestTracker", "ClientSetAccuracy", "intra_inter_accuracy", "local_accuracy", "round_metrics", "topk_correct"]
+__all__ = [
+    "BestTracker",
+    "ClientSetAccuracy",
+    "intra_inter_accuracy",
+    "local_accuracy",
+    "round_metrics",
+    "topk_correct",
+]

@@ -56,8 +56,11 @@ class WandbConfig:
         self.tags = list(tags or [])
 
     def requested_mode(self) -> str:
-        """The mode asked for: ``WANDB_MODE`` when set; online for an offline-configured run started by
-        ``wandb agent`` (its server needs the metrics, docs/sweeps.md); else :attr:`mode`."""
+        """The mode asked for: ``WANDB_MODE`` when set, else :attr:`mode`.
+
+        An offline-configured run started by ``wandb agent`` logs online: the agent's sweep server
+        needs its metrics (docs/sweeps.md).
+        """
         if "WANDB_MODE" in os.environ:
             return os.environ["WANDB_MODE"]
         if os.environ.get("WANDB_SWEEP_ID") and self.mode == "offline":
