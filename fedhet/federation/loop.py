@@ -245,6 +245,7 @@ class FederationLoop:
         self.last_matrix: dict[str, Any] = {}
         self._downloads: dict[tuple[int, int], Payload | None] = {}
         self._participants: list[int] = []
+        self._fresh_states: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ set-up
     def server_context(self) -> ServerContext:
@@ -318,6 +319,8 @@ class FederationLoop:
                 tasks, on_result=lambda done: self._notify("on_client_end", step_idx, done, len(tasks))
             )
         fit_s = time.perf_counter() - started
+        # the step's new states, reused by this step's evaluation (a disk store would re-read them)
+        self._fresh_states = {result.client_id: result.state for result in results}
         received = []
         for result in results:
             self.store.put(result.client_id, step_idx, result.state)
@@ -478,7 +481,7 @@ class FederationLoop:
             ClientTask(
                 cid,
                 step.phase_step,
-                self.store.get(cid),
+                self._fresh_states[cid] if cid in self._fresh_states else self.store.get(cid),
                 self._download(cid, round_idx + 1) if apply_download else None,
                 step.phase,
                 step_idx=round_idx,
@@ -600,3 +603,4 @@ class FederationLoop:
         self.elapsed_s = float(state["elapsed_s"])
         self.last_matrix = dict(state["last_matrix"])
         self._downloads.clear()
+        self._fresh_states = {}

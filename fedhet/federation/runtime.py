@@ -16,6 +16,7 @@ isolated, so results do not depend on the order in which clients run, nor on the
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -111,6 +112,24 @@ class RuntimeRecipe:
         )
 
 
+def model_fingerprint(module: nn.Module, download: Payload | None = None) -> bytes:
+    """A digest of everything that decides a materialised client's predictions: its state and download.
+
+    Two clients with equal fingerprints predict identically, so their scores on a shared set are
+    computed once. Hashing reads every byte of the state once (milliseconds for the models here),
+    far less than evaluating it on a test set.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    tensors = list(module.state_dict().items())
+    if download is not None:
+        tensors += [(f"download.{name}", tensor) for name, tensor in download.tensors()]
+    for name, tensor in tensors:
+        data = tensor.detach().reshape(-1).contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(data.cpu().view(torch.uint8).numpy().tobytes())
+    return digest.digest()
+
+
 class LossMeter(Callback):
     """The runtime's loss accounting: mean of what ``training_step`` returned over the last epoch.
 
@@ -180,6 +199,9 @@ class ClientRuntime:
         self.persist_optimizer_state = persist_optimizer_state
         self._modules: dict[tuple[str, int], ClientModule] = {}
         self._label_counts: Tensor | None = None
+        self._shared_sets: dict[int, str] | None = None
+        self._eval_cache: dict[tuple[bytes, str], tuple[Tensor, Tensor]] = {}
+        self._eval_cache_step: int | None = None
         self.device = trainer.device()
         algorithm.configure(self.data_format)
 
@@ -340,6 +362,16 @@ class ClientRuntime:
         for x, y in self.scenario.eval_loader(data):
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
+    def _shared_eval_sets(self) -> dict[int, str]:
+        """``id(data) -> name`` of the evaluation sets every client is scored on (the global ones)."""
+        if self._shared_sets is None:
+            self._shared_sets = {
+                id(data): f"{split}/{name}"
+                for split in ("test", "val")
+                for name, data in self.scenario.eval_sets(split).items()
+            }
+        return self._shared_sets
+
     def eval_sets(self, client_id: int | None) -> list[Any]:
         """Evaluation sets of a client (test columns, then validation columns), or the global ones (``None``).
 
@@ -376,9 +408,27 @@ class ClientRuntime:
         return results
 
     def evaluate_client(self, task: ClientTask, apply_download: bool = True) -> list[tuple[Tensor, Tensor]]:
-        """The model a client holds (its state, plus the latest download unless told otherwise) on its sets."""
+        """The model a client holds (its state, plus the latest download unless told otherwise) on its sets.
+
+        Results on the shared (global) sets are cached for the step by a fingerprint of the
+        materialised module and its download: when clients hold the same model (FedAvg and its
+        family after the download), the global sets are evaluated once per step, not once per client.
+        """
         module = self.module(self.architectures[task.client_id])
         self._load(module, task, apply_download=apply_download)
-        results = self.evaluate_model(module, self.eval_sets(task.client_id))
+        if self._eval_cache_step != task.step:
+            self._eval_cache, self._eval_cache_step = {}, task.step
+        fingerprint = model_fingerprint(module, task.download if apply_download else None)
+        shared = self._shared_eval_sets()
+        sets = self.eval_sets(task.client_id)
+        results: list[tuple[Tensor, Tensor] | None] = [
+            self._eval_cache.get((fingerprint, shared[id(data)])) if id(data) in shared else None for data in sets
+        ]
+        missing = [i for i, result in enumerate(results) if result is None]
+        if missing:
+            for index, result in zip(missing, self.evaluate_model(module, [sets[i] for i in missing]), strict=True):
+                results[index] = result
+                if id(sets[index]) in shared:
+                    self._eval_cache[(fingerprint, shared[id(sets[index])])] = result
         module.train()
-        return results
+        return [r for r in results if r is not None]
