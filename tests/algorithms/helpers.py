@@ -267,3 +267,54 @@ def client_after_download(loop: FederationLoop, client_id: int, slot: int) -> An
     module.load_client_state(loop.store.get(client_id)["module"])
     module.on_receive(loop.server.download_for(client_id))
     return module
+
+
+# ---------------------------------------------------------------------- lock-step public-data methods
+PUBLIC_CLASSES = 10
+PUBLIC_BATCH = 8
+
+
+def public_clients(algorithm: Any, architectures: Sequence[str] = ("cnn_tiny", "mlp_tiny", "cnn_tiny")) -> list[Any]:
+    """Client modules of ``algorithm`` on registered tiny models (10 classes, 3 channels), one seed each."""
+    from fedhet.models import create_model
+
+    clients = []
+    for index, name in enumerate(architectures):
+        torch.manual_seed(index)
+        model = create_model(name, num_classes=PUBLIC_CLASSES, in_channels=3, seed=index)
+        clients.append(algorithm.build_client(model, PUBLIC_CLASSES))
+    return clients
+
+
+def public_batches(seed: int = 0, steps: int = 1) -> DataLoader:
+    """``steps`` identical unlabelled public batches of 8 random 16x16 images (labels -1)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(PUBLIC_BATCH, 3, 16, 16, generator=generator)
+    return DataLoader(TensorDataset(x.repeat(steps, 1, 1, 1), torch.full((PUBLIC_BATCH * steps,), -1)), batch_size=PUBLIC_BATCH)
+
+
+def first_images(loader: DataLoader) -> Tensor:
+    """The images of a loader's first batch."""
+    return next(iter(loader))[0]
+
+
+def collaborate(algorithm: Any, clients: Sequence[Any], batches: Any, round_idx: int = 0) -> Any:
+    """Fit the method's collaborative phase on ``batches`` exactly as the runtime does; returns the phase."""
+    phase = algorithm.build_collaborative_phase(clients)
+    phase.round_idx, phase.total_rounds = round_idx, 2
+    torch.manual_seed(0)
+    fit(phase, batches, max_steps=-1, limit_train_batches=None)
+    return phase
+
+
+@torch.no_grad()
+def train_mode_logits(clients: Sequence[Any], x: Tensor) -> list[Tensor]:
+    """Every client's logits on ``x`` in train mode (as the collaborative phase computes them)."""
+    for client in clients:
+        client.train()
+    return [client(x) for client in clients]
+
+
+def unlabelled(x: Tensor) -> DataLoader:
+    """One public batch ``x`` with the -1 labels of unlabelled data."""
+    return one_batch_loader(x, torch.full((len(x),), -1))

@@ -1,4 +1,8 @@
-"""FedMD, FedDF, RHFL and FedMatch: collaborative steps, CCR server, ledger bytes, loop runs."""
+"""FedMD and the shared public-distillation frame: hand-computed digest loss and Adam step, ledger, settings.
+
+FedMD's file also holds the tests of :class:`PublicDistillationPhase` / ``PublicDistillationAlgorithm``
+(defined in ``fedhet/algorithms/fedmd.py``), which FedDF, RHFL and FedMatch share.
+"""
 
 from __future__ import annotations
 
@@ -8,100 +12,67 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch.utils.data import DataLoader, TensorDataset
-
-from fedhet.algorithms import FedDF, FedMatch, FedMD, RHFL
-from fedhet.algorithms.base import ClientUpload, ServerContext
-from fedhet.algorithms.fedmatch import Cutout
-from fedhet.algorithms.rhfl import ClientConfidencePayload, ClientConfidenceServer, PrivateLossPayload, RHFLClient
+from fedhet.algorithms import RHFL, FedDF, FedMatch, FedMD
 from fedhet.errors import ConfigError, TrainingError
-from fedhet.federation import FederationLoop
-from fedhet.federation.trainer import TrainerTemplate
-from fedhet.models import create_model
-from tests.conftest import tiny_domain_shift, tiny_label_skew
-
-NUM_CLASSES = 10
-BATCH = 8
-
-
-def _clients(algorithm, architectures=("cnn_tiny", "mlp_tiny", "cnn_tiny")):
-    clients = []
-    for index, name in enumerate(architectures):
-        torch.manual_seed(index)
-        model = create_model(name, num_classes=NUM_CLASSES, in_channels=3, seed=index)
-        clients.append(algorithm.build_client(model, NUM_CLASSES))
-    return clients
-
-
-def _public_batch(seed=0, steps=1):
-    """``steps`` identical unlabelled public batches (labels -1), in a loader Lightning accepts."""
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(BATCH, 3, 16, 16, generator=generator)
-    return DataLoader(TensorDataset(x.repeat(steps, 1, 1, 1), torch.full((BATCH * steps,), -1)), batch_size=BATCH)
-
-
-def _first_images(loader):
-    return next(iter(loader))[0]
-
-
-def _collaborate(algorithm, clients, batches, round_idx=0):
-    """Fit the method's collaborative phase on ``batches`` exactly as the runtime does."""
-    phase = algorithm.build_collaborative_phase(clients)
-    phase.round_idx, phase.total_rounds = round_idx, 2
-    template = TrainerTemplate(max_epochs=1, accelerator="cpu")
-    trainer = template.build(max_epochs=1, max_steps=-1, limit_train_batches=None)
-    torch.manual_seed(0)
-    trainer.fit(phase, train_dataloaders=batches)
-    return phase
-
-
-@torch.no_grad()
-def _train_mode_logits(clients, x):
-    for client in clients:
-        client.train()
-    return [client(x) for client in clients]
-
-
-def _peer_distance(kind, logits, i):
-    """How far participant ``i`` is from the method's consensus target (fixed ``logits`` of everyone)."""
-    others = [z for j, z in enumerate(logits) if j != i]
-    if kind == "fedmd":
-        return lambda z: F.l1_loss(z, torch.stack(logits).mean(0))
-    if kind == "feddf":
-        target = F.softmax(torch.stack(logits).mean(0), dim=1)
-        return lambda z: F.kl_div(F.log_softmax(z, 1), target, reduction="batchmean")
-    if kind == "rhfl":
-        return lambda z: sum(F.kl_div(F.log_softmax(z, 1), F.softmax(o, 1), reduction="batchmean") for o in others)
-    helpers = torch.stack([F.softmax(o, 1) for o in others]).mean(0)  # fedmatch
-    return lambda z: F.kl_div(F.log_softmax(z, 1), helpers, reduction="batchmean")
-
-
-@pytest.mark.parametrize(
-    "kind,algorithm",
-    [
-        ("fedmd", FedMD()),
-        ("feddf", FedDF(public_lr=0.05)),  # the code's SGD 1e-3 moves logits by ~1e-6 per step
-        ("rhfl", RHFL()),
-        ("fedmatch", FedMatch()),
-    ],
+from tests.algorithms.helpers import (
+    TinyLinear,
+    collaborate,
+    first_images,
+    public_batches,
+    public_clients,
+    train_mode_logits,
+    unlabelled,
 )
-def test_a_collaborative_step_moves_every_client_towards_the_consensus(kind, algorithm):
-    clients = _clients(algorithm)
-    batches = _public_batch()
-    x = _first_images(batches)
-    before = _train_mode_logits(clients, x)
-    distances = [_peer_distance(kind, before, i) for i in range(len(clients))]
-    _collaborate(algorithm, clients, batches)
-    after = _train_mode_logits(clients, x)
+
+HEADS = [torch.eye(2), 3 * torch.eye(2), torch.tensor([[2.0, 1.0], [1.0, 2.0]])]
+X = torch.eye(2)  # two public samples: logits of client i are the columns of its head, Z_i = H_i^T
+
+
+def _tiny_clients(algorithm):
+    return [algorithm.build_client(TinyLinear(head=head.clone()), 2) for head in HEADS]
+
+
+def test_fedmd_digest_losses_by_hand():
+    """L1 to the consensus mean of all three clients' logits: [[2, 1/3], [1/3, 2]] gives 2/3, 2/3 and 1/3."""
+    phase = FedMD().build_collaborative_phase(_tiny_clients(FedMD()))
+    losses = phase.collaborative_losses(X)
+    assert [loss.item() for loss in losses] == pytest.approx([2 / 3, 2 / 3, 1 / 3], abs=1e-6)
+    mse = FedMD(digest_loss="mse").build_collaborative_phase(_tiny_clients(FedMD()))
+    # squared differences: client 0 (1 + 1/9 + 1/9 + 1) / 4 = 5/9; client 2 (4/9 + 4/9) / 4 = 2/9
+    assert [loss.item() for loss in mse.collaborative_losses(X)] == pytest.approx([5 / 9, 5 / 9, 2 / 9], abs=1e-6)
+
+
+def test_fedmd_one_digest_step_is_a_fresh_adam_step_by_hand():
+    """A fresh Adam's first step moves each head entry by -lr * sign(gradient), gradient (sign(Z - c) / 4)^T."""
+    algorithm = FedMD(public_lr=0.01)
+    clients = _tiny_clients(algorithm)
+    collaborate(algorithm, clients, unlabelled(X))
+    lr = 0.01
+    # client 1: Z - c = [[1, -1/3], [-1/3, 1]]; client 2: [[0, 2/3], [2/3, 0]] (zero gradient on the diagonal)
+    assert torch.allclose(clients[1].model.head.weight, torch.tensor([[3 - lr, lr], [lr, 3 - lr]]), atol=1e-6)
+    assert torch.allclose(clients[2].model.head.weight, torch.tensor([[2.0, 1 - lr], [1 - lr, 2.0]]), atol=1e-6)
+    assert torch.allclose(clients[0].model.head.weight, torch.tensor([[1 + lr, lr], [lr, 1 + lr]]), atol=1e-6)
+
+
+def test_fedmd_a_collaborative_step_moves_every_client_towards_the_consensus():
+    """After a digest step every client's L1 distance to the (fixed) consensus of the others shrank."""
+    algorithm = FedMD()
+    clients = public_clients(algorithm)
+    batches = public_batches()
+    x = first_images(batches)
+    before = train_mode_logits(clients, x)
+    consensus = torch.stack(before).mean(0)
+    collaborate(algorithm, clients, batches)
+    after = train_mode_logits(clients, x)
     for i in range(len(clients)):
-        assert distances[i](after[i]) < distances[i](before[i]), f"{kind}: client {i} did not move towards the others"
+        assert F.l1_loss(after[i], consensus) < F.l1_loss(before[i], consensus), f"client {i} did not move"
 
 
 def test_targets_carry_no_gradient_to_other_clients():
-    clients = _clients(FedMD())
+    """One client's digest loss back-propagates into that client only."""
+    clients = public_clients(FedMD())
     phase = FedMD().build_collaborative_phase(clients)
-    x = _first_images(_public_batch())
-    losses = phase.collaborative_losses(x)
+    losses = phase.collaborative_losses(first_images(public_batches()))
     losses[0].backward()
     assert all(p.grad is not None for p in clients[0].parameters() if p.requires_grad)
     for other in clients[1:]:
@@ -109,128 +80,58 @@ def test_targets_carry_no_gradient_to_other_clients():
 
 
 def test_ledger_counts_logits_up_and_targets_down_as_float32():
-    clients = _clients(FedDF())
-    phase = _collaborate(FedDF(), clients, _public_batch(steps=2))
+    """Per public batch each participant sends |B| x C float32 logits and receives a target of the same size."""
+    clients = public_clients(FedDF())
+    phase = collaborate(FedDF(), clients, public_batches(steps=2))
     # 2 batches x 3 participants x 8 images x 10 classes x 4 bytes
-    assert phase.exchanged_bytes_up == 2 * 3 * BATCH * NUM_CLASSES * 4
+    assert phase.exchanged_bytes_up == 2 * 3 * 8 * 10 * 4
     assert phase.exchanged_bytes_down == phase.exchanged_bytes_up
 
 
 def test_optimizer_state_is_reset_every_public_step_unless_disabled():
+    """``reset_public_optimizer`` gives a fresh Adam per public batch (step count 1), else one per round (2)."""
     for reset, expected_steps in ((True, 1), (False, 2)):
         algorithm = FedMD(reset_public_optimizer=reset)
-        phase = _collaborate(algorithm, _clients(algorithm), _public_batch(steps=2))
+        phase = collaborate(algorithm, public_clients(algorithm), public_batches(steps=2))
         optimizer = phase.trainer.optimizers[0]
         steps = {int(state["step"]) for state in optimizer.state.values()}
         assert steps == {expected_steps}, f"reset={reset}"
 
 
 def test_fedmd_pretrain_rounds_skip_the_digest():
+    """Rounds before ``pretrain_rounds`` exchange nothing and leave the weights unchanged."""
     algorithm = FedMD(pretrain_rounds=1)
-    clients = _clients(algorithm)
+    clients = public_clients(algorithm)
     weights = [{k: v.clone() for k, v in c.state_dict().items() if v.is_floating_point()} for c in clients]
-    phase = _collaborate(algorithm, clients, _public_batch(), round_idx=0)
+    phase = collaborate(algorithm, clients, public_batches(), round_idx=0)
     assert phase.exchanged_bytes_up == 0
-    for client, saved in zip(clients, weights):
+    for client, saved in zip(clients, weights, strict=True):
         state = client.state_dict()
         assert all(torch.equal(state[k], v) for k, v in saved.items() if "running" not in k)
-    assert _collaborate(algorithm, clients, _public_batch(), round_idx=1).exchanged_bytes_up > 0
+    assert collaborate(algorithm, clients, public_batches(), round_idx=1).exchanged_bytes_up > 0
 
 
 def test_non_finite_public_logits_are_rejected_in_one_line():
-    clients = _clients(FedMD())
+    """A participant whose logits are NaN is named in a one-line TrainingError."""
+    clients = public_clients(FedMD())
     with torch.no_grad():
         next(clients[1].parameters()).fill_(math.nan)
     phase = FedMD().build_collaborative_phase(clients)
     with pytest.raises(TrainingError, match="participant 1 sent non-finite"):
-        phase.collaborative_losses(_first_images(_public_batch()))
+        phase.collaborative_losses(first_images(public_batches()))
 
 
-def _context(num_clients=3):
-    return ServerContext(
-        num_clients=num_clients,
-        num_classes=NUM_CLASSES,
-        architectures=("x",) * num_clients,
-        seed=0,
-        initial_client_state=lambda c: {},
-    )
-
-
-def _loss_uploads(losses):
-    return [
-        ClientUpload(cid, "x", PrivateLossPayload(loss=torch.tensor(value), num_examples=10))
-        for cid, value in enumerate(losses)
-    ]
-
-
-def test_rhfl_server_computes_ccr_from_two_rounds_of_private_losses():
-    server = ClientConfidenceServer(ccr_beta=0.5)
-    server.setup(_context())
-    server.aggregate(0, _loss_uploads([2.0, 3.0, 1.0]))
-    assert server.download_for(0) is None  # one loss per client: no decrease known yet
-    server.aggregate(1, _loss_uploads([1.0, 2.0, 1.0]))
-    # q = (1, 0.5, 0) -> a = 1/2 + 0.5 * (2/3, 1/3, 0) -> softmax = (0.390166, 0.330268, 0.279566)
-    weights = [float(server.download_for(cid).weight) for cid in range(3)]
-    assert weights == pytest.approx([0.390166, 0.330268, 0.279566], abs=1e-6)
-    restored = ClientConfidenceServer()
-    restored.load_state_dict(server.state_dict())
-    assert float(restored.download_for(2).weight) == pytest.approx(0.279566, abs=1e-6)
-
-
-@pytest.mark.parametrize("bad", [torch.tensor(math.nan), torch.tensor([1.0, 2.0]), torch.tensor(-1.0), torch.tensor(3)])
-def test_rhfl_server_rejects_invalid_losses(bad):
-    server = ClientConfidenceServer()
-    server.setup(_context())
-    with pytest.raises(TrainingError, match="client 0"):
-        server.aggregate(0, [ClientUpload(0, "x", PrivateLossPayload(loss=bad, num_examples=1))])
-
-
-def test_rhfl_phase_weights_peers_by_their_confidence():
-    algorithm = RHFL()
-    clients = _clients(algorithm)
-    phase = algorithm.build_collaborative_phase(clients)
-    assert phase.peer_confidences().tolist() == pytest.approx([0.5, 0.5, 0.5])  # 1 / (K - 1) before CCR
-    for client, weight in zip(clients, (0.2, 0.3, 0.5)):
-        client.on_receive(ClientConfidencePayload(weight=torch.tensor(weight)))
-    x = _first_images(_public_batch())
-    with torch.no_grad():
-        logits = [c(x) for c in clients]
-        loss_0 = phase.distillation_losses(logits, x)[0]
-        # client 0 learns from client 1 (w = 0.3) and client 2 (w = 0.5), each KL separately
-        kl = [F.kl_div(F.log_softmax(logits[0], 1), F.softmax(logits[j], 1), reduction="batchmean") for j in (1, 2)]
-    assert loss_0.item() == pytest.approx((0.3 * kl[0] + 0.5 * kl[1]).item(), rel=1e-5)
-    clients[0].on_receive(None)  # a module reused for a client without a weight forgets the old one
-    assert clients[0].confidence is None
-
-
-def test_rhfl_client_uploads_its_mean_private_sce_loss():
-    client = _clients(RHFL(), ("mlp_tiny",))[0].eval()
-    x, y = torch.randn(6, 3, 16, 16), torch.arange(6) % NUM_CLASSES
-    with torch.no_grad():
-        upload = client.make_upload([(x[:4], y[:4]), (x[4:], y[4:])])
-        whole = client.local_loss((x, y))  # one batch of all 6: the example-weighted mean
-    assert isinstance(client, RHFLClient) and float(upload.loss) == pytest.approx(float(whole), rel=1e-5)
-
-
-def test_cutout_zeroes_one_square_per_image():
-    images = torch.ones(2, 1, 8, 8)
-    out = Cutout(4)(images, torch.Generator().manual_seed(0))
-    zeroed = (out == 0).sum(dim=(1, 2, 3))
-    # a 5 x 5 window (|offset| <= 2) clipped at the border: between 3 x 3 and 5 x 5 pixels
-    assert all(9 <= int(n) <= 25 for n in zeroed)
-
-
-def test_invalid_hyperparameters_fail_in_one_line():
+def test_fedmd_invalid_hyperparameters_fail_in_one_line():
+    """An unknown digest loss or negative pretraining rounds are configuration errors."""
     with pytest.raises(ConfigError, match="digest_loss"):
         FedMD(digest_loss="huber")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="temperature"):
-        FedDF(temperature=0.0)
-    with pytest.raises(ConfigError, match="threshold"):
-        FedMatch(threshold=1.5)
+    with pytest.raises(ConfigError, match="pretrain_rounds"):
+        FedMD(pretrain_rounds=-1)
 
 
 @pytest.mark.parametrize("method", [FedMD, FedDF, RHFL, FedMatch])
 def test_public_phase_settings_are_checked_once_for_every_method(method):
+    """The shared base checks public_epochs and public_lr and hands the phase its optimizer settings."""
     with pytest.raises(ConfigError, match=rf"^{method.__name__}: public_epochs=-1 must be >= 0"):
         method(public_epochs=-1)
     with pytest.raises(ConfigError, match=rf"^{method.__name__}: public_lr=0.0 must be > 0"):
@@ -239,37 +140,3 @@ def test_public_phase_settings_are_checked_once_for_every_method(method):
     assert algorithm.collaborative_epochs() == 3
     assert algorithm.public_phase_kwargs() == {"optimizer": "sgd", "lr": 0.5, "weight_decay": 0.1, "reset_optimizer_each_step": False}
     assert algorithm.capabilities.needs_public_data and algorithm.capabilities.heterogeneous_models
-
-
-def _loop(algorithm, scenario, architectures, seed=0, rounds=2):
-    scenario.setup()
-    trainer = TrainerTemplate(max_epochs=1, accelerator="cpu")
-    return FederationLoop(algorithm, scenario, architectures, trainer, rounds=rounds, seed=seed)
-
-
-def test_feddf_runs_on_label_skew_with_public_data_and_counts_bytes():
-    scenario = tiny_label_skew(public="photos", public_size=64, public_batch_size=32)
-    summary = _loop(FedDF(), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], rounds=1).run()
-    assert math.isfinite(summary["final"]["acc_global"])
-    # 1 round x 2 public batches x 3 participants x 32 images x 10 classes x 4 bytes, each way
-    assert summary["comm"]["bytes_up"] == 2 * 3 * 32 * NUM_CLASSES * 4
-    assert summary["comm"]["bytes_down"] == summary["comm"]["bytes_up"]
-
-
-def test_fedmatch_same_seed_same_numbers():
-    # FedMatch draws its strong augmentation from the global RNG: it must come from the loop's seed
-    scenario = tiny_domain_shift()
-    first = _loop(FedMatch(), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], seed=5, rounds=1).run()
-    second = _loop(FedMatch(), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], seed=5, rounds=1).run()
-    assert first["final"] == second["final"] and first["comm"] == second["comm"]
-
-
-def test_rhfl_loop_sends_confidences_from_round_two():
-    loop = _loop(RHFL(), tiny_domain_shift(), ["cnn_tiny", "mlp_tiny", "cnn_tiny"], rounds=2)
-    summary = loop.run()
-    assert all(math.isfinite(r["train/loss"]) for r in loop.history)
-    assert not any(k.startswith("server/confidence") for k in loop.history[0])
-    weights = [loop.history[1][f"server/confidence/{cid}"] for cid in range(3)]
-    assert sum(weights) == pytest.approx(1.0, abs=1e-6)
-    # logits and targets of 2 rounds x 2 public batches x 3 x 32 x 10 floats, plus 3 losses per round
-    assert summary["comm"]["bytes_up"] == 2 * 2 * 3 * 32 * NUM_CLASSES * 4 + 2 * 3 * 4
