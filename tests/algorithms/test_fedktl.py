@@ -6,6 +6,7 @@ interface, so they need no artifact and pin down exactly what the server receive
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -29,6 +30,7 @@ from fedhet.federation.trainer import TrainerTemplate
 from fedhet.functional import simplex_etf
 from fedhet.models import create_model
 from fedhet.seeding import seeded
+from tests.algorithms.helpers import TinyLinear
 from tests.conftest import tiny_label_skew
 
 
@@ -67,6 +69,7 @@ def _client(architecture="cnn_tiny", num_classes=4, seed=0, **kwargs):
 
 
 def _context(num_classes=4):
+    """A two-client server context with ``num_classes`` classes (FedKTL's server reads nothing else)."""
     return ServerContext(
         num_clients=2, num_classes=num_classes, architectures=("a", "b"), seed=0, initial_client_state=lambda c: {}
     )
@@ -286,3 +289,69 @@ def test_without_etf_uses_the_original_classifier_and_feature_prototypes(tiny_ge
     loop, summary = _run(FedKTL(use_etf=False, server_epochs=2), rounds=1)
     assert loop.server.transformer[0].in_features == 16  # K' = feature_dim
     assert 0.0 <= summary["final"]["acc_local"] <= 100.0
+
+
+# ------------------------------------------------------------------ hand-computed losses
+
+
+def test_client_loss_is_arcface_plus_mu_latent_regression_by_hand():
+    """ArcFace on cosines to the ETF (s = 2, m = 0.5) plus mu * MSE(h'(f(image)), latent) on the downloaded pair."""
+    etf = torch.tensor([[1.0, -1.0], [0.0, 0.0]])  # K = 2, C = 2: class vectors e1 and -e1
+    client = FedKTLClient(TinyLinear(), 2, etf=etf, latent_dim=2, latent_head_seed=0, scale=2.0, margin=0.5, mu=0.5)
+    with torch.no_grad():  # h_i (the projection in the head's place) and h'_i set to identities
+        for layer in (client.model.head, client.latent_head):
+            layer.weight.copy_(torch.eye(2))
+            layer.bias.zero_()
+    x, y = torch.tensor([[1.0, 1.0]]), torch.tensor([0])
+    # projection [1, 1]: cosines (1/sqrt 2, -1/sqrt 2); target logit s cos(pi/4 + m), other s * (-1/sqrt 2)
+    target, other = 2.0 * math.cos(math.pi / 4 + 0.5), -2.0 / math.sqrt(2.0)
+    arcface = math.log1p(math.exp(other - target))
+    assert client.local_loss((x, y)).item() == pytest.approx(arcface, rel=1e-6)
+    assert torch.allclose(client(x), torch.tensor([[1 / math.sqrt(2), -1 / math.sqrt(2)]]), atol=1e-6)
+    # one pair: image features [2, 0] (an image of shape [2, 1, 1]), latent [1, 1]: MSE = (1 + 1) / 2
+    client.on_receive(GeneratedPairsPayload(images=torch.tensor([2.0, 0.0]).view(1, 2, 1, 1), latents=torch.ones(1, 2)))
+    assert client.local_loss((x, y)).item() == pytest.approx(arcface + 0.5 * 1.0, rel=1e-6)
+
+
+class FixedLatents(TinyGenerator):
+    """A two-dimensional latent space whose samples are always (0, 0), (1, 1), ..."""
+
+    latent_dim = 2
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)
+        self.to_image = nn.Linear(self.latent_dim, self.out_channels * self.resolution**2).requires_grad_(False)
+
+    def sample_w(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        return torch.arange(n, dtype=torch.float32).unsqueeze(1).expand(n, self.latent_dim).clone()
+
+
+def test_server_loss_is_mmd_plus_centroid_mse_by_hand():
+    """MMD^2 (one RBF bandwidth) of F(P) against the generator's latents plus lambda = 0.5 times the centroid MSE."""
+    server = FedKTLServer(FixedLatents(), prototype_dim=2, centroid_weight=0.5, epochs=1, batch_size=2, mmd_bandwidths=(1.0,))
+    server.setup(_context(num_classes=2))
+    with torch.no_grad():  # F = Linear(I) -> BatchNorm (fresh) -> ReLU -> Linear(I)
+        for layer in (server.transformer[0], server.transformer[3]):
+            layer.weight.copy_(torch.eye(2))
+            layer.bias.zero_()
+    server.aggregate(0, [_upload(0, torch.eye(2), [3, 1])])
+    # centroids start as the eval-mode class means: BatchNorm's running statistics (0, 1) leave P / sqrt(1 + eps)
+    assert torch.allclose(server.centroids.weight, torch.eye(2), atol=1e-5)
+    with torch.no_grad():
+        server.centroids.weight.copy_(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+    losses = server.server_losses(torch.tensor([0, 1]))
+    # train-mode BatchNorm over the two prototypes: (P - 0.5) / sqrt(0.25 + eps) -> ReLU -> d I, d = 0.99998
+    d = 0.5 / math.sqrt(0.25 + 1e-5)
+    mapped, latents = [(d, 0.0), (0.0, d)], [(0.0, 0.0), (1.0, 1.0)]
+
+    def kernel(a, b):
+        return math.exp(-((a[0] - b[0]) ** 2 + (a[1] - b[1]) ** 2) / 2.0)
+
+    def mean_kernel(first, second):
+        return sum(kernel(a, b) for a in first for b in second) / (len(first) * len(second))
+
+    mmd = mean_kernel(mapped, mapped) + mean_kernel(latents, latents) - 2 * mean_kernel(mapped, latents)
+    mse = (d**2 + 1.0 + 1.0 + d**2) / 4  # mapped d I against centroids [[0, 1], [1, 0]]
+    assert losses["mmd"].item() == pytest.approx(mmd, rel=1e-5)
+    assert losses["mse"].item() == pytest.approx(mse, rel=1e-5)
+    assert losses["loss"].item() == pytest.approx(mmd + 0.5 * mse, rel=1e-5)

@@ -55,9 +55,11 @@ def test_rhfl_peer_losses_by_hand_uniform_then_confidence_weighted():
     assert losses[0].item() == pytest.approx(expected_0.item(), rel=1e-5)
     for client, weight in zip(clients, (0.2, 0.3, 0.5), strict=True):
         client.on_receive(ClientConfidencePayload(weight=torch.tensor(weight)))
+    weights = (0.2, 0.3, 0.5)
     losses = phase.collaborative_losses(torch.eye(2))
-    expected_2 = 0.2 * _kl_rows(logits[0], logits[2]) + 0.3 * _kl_rows(logits[1], logits[2])
-    assert losses[2].item() == pytest.approx(expected_2.item(), rel=1e-5)
+    for i in range(3):
+        expected = sum(weights[j] * _kl_rows(logits[j], logits[i]) for j in range(3) if j != i)
+        assert losses[i].item() == pytest.approx(expected.item(), rel=1e-5), i
 
 
 def test_rhfl_phase_weights_peers_by_their_confidence():
