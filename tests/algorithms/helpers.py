@@ -109,7 +109,9 @@ def fit(module: Any, loader: Any, **overrides: Any) -> None:
     TrainerTemplate(max_epochs=1, accelerator="cpu").build(**overrides).fit(module, train_dataloaders=loader)
 
 
-def label_skew_run(algorithm: Any, rounds: int = 2, seed: int = 0, architectures: Sequence[str] | None = None, **kwargs: Any):
+def label_skew_run(
+    algorithm: Any, rounds: int = 2, seed: int = 0, architectures: Sequence[str] | None = None, **kwargs: Any
+) -> tuple[FederationLoop, dict[str, Any]]:
     """Run ``algorithm`` on the tiny label-skew scenario (3 clients, ``cnn_tiny`` each unless given)."""
     scenario = tiny_label_skew()
     scenario.setup()
@@ -149,7 +151,8 @@ def tiny_loop(
     caps = ALGORITHMS[name].capabilities
     kind = kind or caps.scenario_kinds[0]
     family = family or tiny_family(name)
-    public = {"public": "photos", "public_size": 64, "public_batch_size": 32} if caps.needs_public_data and kind == "label_skew" else {}
+    with_public = caps.needs_public_data and kind == "label_skew"
+    public = {"public": "photos", "public_size": 64, "public_batch_size": 32} if with_public else {}
     scenario = SCENARIOS[kind](**public)
     scenario.setup()
     models = resolve_family(family)
@@ -243,7 +246,9 @@ def separable_uploads(num_classes: int = 3, feature_dim: int = 4, clients: int =
     return uploads
 
 
-def heterogeneous_run(algorithm: Any, rounds: int = 1, family: Sequence[str] = ("cnn_tiny", "mlp_tiny")) -> FederationLoop:
+def heterogeneous_run(
+    algorithm: Any, rounds: int = 1, family: Sequence[str] = ("cnn_tiny", "mlp_tiny")
+) -> FederationLoop:
     """Run ``algorithm`` on the tiny label-skew scenario with two architectures and a 16-d feature neck."""
     scenario = tiny_label_skew()
     scenario.setup()
@@ -290,7 +295,8 @@ def public_batches(seed: int = 0, steps: int = 1) -> DataLoader:
     """``steps`` identical unlabelled public batches of 8 random 16x16 images (labels -1)."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(PUBLIC_BATCH, 3, 16, 16, generator=generator)
-    return DataLoader(TensorDataset(x.repeat(steps, 1, 1, 1), torch.full((PUBLIC_BATCH * steps,), -1)), batch_size=PUBLIC_BATCH)
+    dataset = TensorDataset(x.repeat(steps, 1, 1, 1), torch.full((PUBLIC_BATCH * steps,), -1))
+    return DataLoader(dataset, batch_size=PUBLIC_BATCH)
 
 
 def first_images(loader: DataLoader) -> Tensor:

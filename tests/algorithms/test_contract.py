@@ -25,7 +25,11 @@ from tests.conftest import SCENARIOS
 # head, backward), and every shipped config is parsed and validated in tests/test_cli.py. Budgets
 # whose paper defaults take minutes (pretraining, server epochs) shrink to a few steps
 # (``helpers.FAST``); the contract is about shapes, types, sizes and state, not convergence.
-CASES = [(name, tiny_family(name), kind) for name in list_algorithms() for kind in ALGORITHMS[name].capabilities.scenario_kinds]
+CASES = [
+    (name, tiny_family(name), kind)
+    for name in list_algorithms()
+    for kind in ALGORITHMS[name].capabilities.scenario_kinds
+]
 
 
 @pytest.mark.parametrize("name,family,kind", CASES)

@@ -16,6 +16,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "adding_a_method.md"
 
 
 def test_adding_a_method_example_runs():
+    """The example method of docs/adding_a_method.md runs two rounds and sends one head per client."""
     code = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
     namespace: dict = {}
     exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102 - our own documentation

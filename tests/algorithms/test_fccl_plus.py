@@ -23,7 +23,12 @@ X = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
 def _loop(algorithm, architectures=("cnn_tiny", "mlp_tiny", "cnn_tiny"), rounds=1, seed=0):
     scenario = tiny_domain_shift()  # 3 clients, 32 private images each, 64 public images in batches of 32
     return FederationLoop(
-        algorithm, scenario, list(architectures), TrainerTemplate(max_epochs=1, accelerator="cpu"), rounds=rounds, seed=seed
+        algorithm,
+        scenario,
+        list(architectures),
+        TrainerTemplate(max_epochs=1, accelerator="cpu"),
+        rounds=rounds,
+        seed=seed,
     )
 
 
@@ -32,6 +37,7 @@ def _client(name, seed):
 
 
 def test_averaged_targets_carry_no_gradient_to_other_clients():
+    """One client's collaborative loss back-propagates into its own model only."""
     clients = [_client("cnn_tiny", 0), _client("mlp_tiny", 1)]
     phase = CrossCorrelationCollaboration(clients)
     losses = phase.collaborative_losses(torch.randn(8, 3, 16, 16))
@@ -41,6 +47,7 @@ def test_averaged_targets_carry_no_gradient_to_other_clients():
 
 
 def test_exchanged_bytes_follow_the_spec():
+    """Per client and public batch, Z (B x C) and S (B x (B-1)) go up and their means come down."""
     loop = _loop(FCCLPlus())
     tasks = [ClientTask(c, 0, None, None) for c in range(3)]
     result = loop.runtime.collaborate(0, tasks)
@@ -51,6 +58,7 @@ def test_exchanged_bytes_follow_the_spec():
 
 
 def test_invalid_public_outputs_are_rejected():
+    """Non-finite or wrongly shaped public outputs are refused naming the participant."""
     good = PublicOutputsPayload(logits=torch.zeros(4, 10), similarity=torch.zeros(4, 3))
     good.validate_shape(4, 10, True, "participant 0")
     with pytest.raises(TrainingError, match="non-finite"):
@@ -87,11 +95,14 @@ class RecordingCollaboration(CrossCorrelationCollaboration):
 
 
 class RecordingFCCLPlus(FCCLPlus):
+    """FCCL+ whose collaborative phase records the batches it sees."""
+
     def build_collaborative_phase(self, clients):
         return RecordingCollaboration(clients)
 
 
 def test_all_clients_receive_the_identical_public_batch():
+    """Every participant's feature extractor sees the same augmented public batch, a new one per step."""
     RecordingCollaboration.seen = []
     loop = _loop(RecordingFCCLPlus())
     loop.runtime.collaborate(0, [ClientTask(c, 0, None, None) for c in range(3)])
@@ -102,6 +113,7 @@ def test_all_clients_receive_the_identical_public_batch():
 
 
 def test_teacher_is_the_model_after_local_updating():
+    """After a round the stored teacher equals the model at the end of local updating."""
     loop = _loop(FCCLPlus())
     loop.run()
     for cid in range(3):
@@ -117,18 +129,21 @@ def test_teacher_is_the_model_after_local_updating():
 
 
 def test_homogeneous_variant_makes_all_models_equal_after_collaboration():
+    """The homogeneous variant averages all models after collaborating, keeping each client's teacher."""
     loop = _loop(FCCLPlus(average_after_collaboration=True), architectures=("cnn_tiny",) * 3)
     states = loop.runtime.collaborate(0, [ClientTask(c, 0, None, None) for c in range(3)]).states
     models = [{k: v for k, v in s["module"].items() if k.startswith("model.")} for s in states]
     for key, value in models[0].items():
         assert all(torch.equal(value, other[key]) for other in models[1:]), key
     # the teachers stay each client's own (different initialisations)
-    assert not torch.equal(states[0]["module"]["previous_model.head.weight"], states[1]["module"]["previous_model.head.weight"])
+    teachers = [s["module"]["previous_model.head.weight"] for s in states]
+    assert not torch.equal(teachers[0], teachers[1])
     with pytest.raises(ConfigError, match="one architecture"):
         _loop(FCCLPlus(average_after_collaboration=True))
 
 
 def test_local_learning_rate_decays_per_round():
+    """The local Adam's learning rate follows the authors' linear per-round decay."""
     client = _client("cnn_tiny", 0)
     client.round_idx, client.total_rounds = 5, 10
     # 1e-3 * (1 - 0.9 * 4 / 10) = 6.4e-4

@@ -22,7 +22,10 @@ def test_fd_client_regularises_logits_towards_global_class_logits():
 def test_fd_upload_is_the_class_mean_logits_by_hand():
     """The upload holds, per class held, the mean logit vector over the client's training data."""
     client = FDClient(TinyLinear(head=torch.tensor([[2.0, 0.0], [0.0, 1.0]])), num_classes=2)
-    batches = [(torch.tensor([[1.0, 0.0], [3.0, 1.0]]), torch.tensor([0, 0])), (torch.tensor([[0.0, 4.0]]), torch.tensor([1]))]
+    batches = [
+        (torch.tensor([[1.0, 0.0], [3.0, 1.0]]), torch.tensor([0, 0])),
+        (torch.tensor([[0.0, 4.0]]), torch.tensor([1])),
+    ]
     sent = client.make_upload(batches)
     # logits: [2, 0], [6, 1] (class 0, mean [4, 0.5]); [0, 4] (class 1)
     assert torch.allclose(sent.values, torch.tensor([[4.0, 0.5], [0.0, 4.0]]))

@@ -29,14 +29,19 @@ def test_fedavg_server_weighted_mean_by_examples():
     assert torch.allclose(download.weights["b"], torch.tensor([1.0]))
 
 
+def _with_counter(w: list[float], batches: int) -> dict[str, torch.Tensor]:
+    """Weights ``w`` plus a BatchNorm ``num_batches_tracked`` counter (int64)."""
+    return {"w": torch.tensor(w), "bn.num_batches_tracked": torch.tensor(batches)}
+
+
 def test_fedavg_server_rounds_integer_buffers_to_the_nearest_integer():
     """``num_batches_tracked`` is averaged and rounded, not truncated: 0.25 * 1 + 0.75 * 2 = 1.75 -> 2."""
     initial = {"model.w": torch.zeros(1), "model.bn.num_batches_tracked": torch.tensor(0)}
     server = FedAvgServer()
     server.setup(context(initial=initial))
     server.aggregate(0, [
-        upload(0, WeightsPayload(weights={"w": torch.tensor([4.0]), "bn.num_batches_tracked": torch.tensor(1)}, num_examples=10)),
-        upload(1, WeightsPayload(weights={"w": torch.tensor([8.0]), "bn.num_batches_tracked": torch.tensor(2)}, num_examples=30)),
+        upload(0, WeightsPayload(weights=_with_counter([4.0], 1), num_examples=10)),
+        upload(1, WeightsPayload(weights=_with_counter([8.0], 2), num_examples=30)),
     ])
     weights = server.download_for(0).weights
     assert weights["bn.num_batches_tracked"].dtype == torch.long
@@ -44,8 +49,8 @@ def test_fedavg_server_rounds_integer_buffers_to_the_nearest_integer():
     assert weights["w"].item() == pytest.approx(7.0)  # 0.25 * 4 + 0.75 * 8
     # a buffer all clients agree on stays exactly that value
     server.aggregate(1, [
-        upload(0, WeightsPayload(weights={"w": torch.tensor([1.0]), "bn.num_batches_tracked": torch.tensor(7)}, num_examples=3)),
-        upload(1, WeightsPayload(weights={"w": torch.tensor([1.0]), "bn.num_batches_tracked": torch.tensor(7)}, num_examples=4)),
+        upload(0, WeightsPayload(weights=_with_counter([1.0], 7), num_examples=3)),
+        upload(1, WeightsPayload(weights=_with_counter([1.0], 7), num_examples=4)),
     ])
     assert int(server.download_for(0).weights["bn.num_batches_tracked"]) == 7
 

@@ -88,9 +88,8 @@ def test_feddf_runs_on_label_skew_with_public_data_and_counts_bytes():
     """A label-skew round with public photos counts |B| x C float32 logits up and targets down per batch."""
     scenario = tiny_label_skew(public="photos", public_size=64, public_batch_size=32)
     scenario.setup()
-    loop = FederationLoop(
-        FedDF(), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], TrainerTemplate(max_epochs=1, accelerator="cpu"), rounds=1
-    )
+    trainer = TrainerTemplate(max_epochs=1, accelerator="cpu")
+    loop = FederationLoop(FedDF(), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], trainer, rounds=1)
     summary = loop.run()
     assert math.isfinite(summary["final"]["acc_global"])
     # 1 round x 2 public batches x 3 participants x 32 images x 10 classes x 4 bytes, each way

@@ -7,12 +7,21 @@ import math
 import pytest
 import torch
 
-from fedhet.algorithms.fedgen import FedGen, FedGenClient, FedGenDownload, FedGenServer, FeatureGenerator, HeadCountsPayload
+from fedhet.algorithms.fedgen import (
+    FeatureGenerator,
+    FedGen,
+    FedGenClient,
+    FedGenDownload,
+    FedGenServer,
+    HeadCountsPayload,
+)
 from fedhet.errors import TrainingError
 from fedhet.federation import FederationLoop
 from fedhet.seeding import derive_seed, seeded
 from tests.algorithms.helpers import TinyLinear, context, fit, upload
 from tests.conftest import tiny_label_skew
+
+INITIAL_HEAD = {"model.head.weight": torch.eye(2), "model.head.bias": torch.zeros(2)}
 
 
 def _loop(algorithm, cpu_trainer, rounds=1):
@@ -37,7 +46,8 @@ def test_fedgen_client_loss_adds_the_generated_feature_cross_entropy_by_hand():
     x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
     assert client.local_loss((x, y)).item() == pytest.approx(0.313262, abs=1e-6)  # no download: CE only
     generator = {k: v.detach().clone() for k, v in _constant_generator([2.0, 0.0]).named_parameters()}
-    client.on_receive(FedGenDownload(head={"weight": torch.eye(2)}, generator=generator, label_counts=torch.tensor([0, 5])))
+    download = FedGenDownload(head={"weight": torch.eye(2)}, generator=generator, label_counts=torch.tensor([0, 5]))
+    client.on_receive(download)
     # real: log(1 + e^-1); generated: logits [2, 0] for class 1, log(1 + e^2)
     expected = math.log1p(math.exp(-1.0)) + 0.5 * math.log1p(math.exp(2.0))
     assert client.local_loss((x, y)).item() == pytest.approx(expected, abs=1e-6)
@@ -46,7 +56,7 @@ def test_fedgen_client_loss_adds_the_generated_feature_cross_entropy_by_hand():
 
 def _server_after_two_uploads(diversity_weight: float = 0.5) -> FedGenServer:
     server = FedGenServer(noise_dim=3, hidden_dim=4, diversity_weight=diversity_weight)
-    server.setup(context(num_classes=2, initial={"model.head.weight": torch.eye(2), "model.head.bias": torch.zeros(2)}))
+    server.setup(context(num_classes=2, initial=INITIAL_HEAD))
     head_a = {"weight": torch.tensor([[3.0, 0.0], [0.0, 3.0]]), "bias": torch.zeros(2)}
     head_b = {"weight": torch.tensor([[0.0, 3.0], [3.0, 0.0]]), "bias": torch.zeros(2)}
     server.aggregate(0, [
@@ -64,10 +74,11 @@ def test_fedgen_server_averages_heads_and_weighs_the_ensemble_by_label_shares_by
     assert torch.allclose(server.round_ensemble_weights, torch.tensor([[0.75, 0.5], [0.25, 0.5]]))
     assert server.round_counts.tolist() == [4.0, 2.0]
     samples = FedGenServer(noise_dim=3, hidden_dim=4, ensemble_weighting="samples")
-    samples.setup(context(num_classes=2, initial={"model.head.weight": torch.eye(2), "model.head.bias": torch.zeros(2)}))
+    samples.setup(context(num_classes=2, initial=INITIAL_HEAD))
+    head = {"weight": torch.eye(2), "bias": torch.zeros(2)}
     samples.aggregate(0, [
-        upload(0, HeadCountsPayload(weights={"weight": torch.eye(2), "bias": torch.zeros(2)}, label_counts=torch.tensor([3, 1]), num_examples=4)),
-        upload(1, HeadCountsPayload(weights={"weight": torch.eye(2), "bias": torch.zeros(2)}, label_counts=torch.tensor([1, 1]), num_examples=2)),
+        upload(0, HeadCountsPayload(weights=head, label_counts=torch.tensor([3, 1]), num_examples=4)),
+        upload(1, HeadCountsPayload(weights=head, label_counts=torch.tensor([1, 1]), num_examples=2)),
     ])
     assert torch.allclose(samples.round_ensemble_weights, torch.tensor([[2 / 3, 2 / 3], [1 / 3, 1 / 3]]))
 

@@ -66,7 +66,8 @@ def test_fedgh_server_trains_one_prototype_per_held_class_and_client():
 def test_fedgh_client_takes_the_global_head_and_trains_with_cross_entropy_only_by_hand():
     """The download replaces the head; the local loss is CE (no prototype term); the upload is class-mean features."""
     client = FedGH().build_client(TinyLinear(head_bias=torch.zeros(2)), 2)
-    client.on_receive(WeightsPayload(weights={"weight": torch.tensor([[0.0, 1.0], [1.0, 0.0]]), "bias": torch.zeros(2)}))
+    swapped = {"weight": torch.tensor([[0.0, 1.0], [1.0, 0.0]]), "bias": torch.zeros(2)}
+    client.on_receive(WeightsPayload(weights=swapped))
     x, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
     # logits = swapped features: [0, 1] (class 0: log(1 + e)) and [2, 0] (class 1: log(1 + e^2))
     assert client.local_loss((x, y)).item() == pytest.approx((1.313262 + 2.126928) / 2, abs=1e-6)

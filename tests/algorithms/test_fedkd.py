@@ -60,10 +60,16 @@ def test_fedkd_weight_is_a_constant_and_each_side_learns_from_a_detached_peer():
 
 def test_fedkd_server_adds_the_mean_decompressed_update_by_hand():
     """Global student += uniform mean of the uploaded updates (or example-weighted); energy = the largest sent."""
-    initial = {"student.w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "student.b": torch.tensor([1.0, 1.0]), "model.x": torch.zeros(1)}
+    initial = {
+        "student.w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+        "student.b": torch.tensor([1.0, 1.0]),
+        "model.x": torch.zeros(1),
+    }
+    first = {"w": torch.ones(2, 2), "b": torch.tensor([2.0, 0.0])}
+    second = {"w": torch.full((2, 2), -3.0), "b": torch.tensor([0.0, 4.0])}
     updates = [
-        SVDStatePayload(dense={"w": torch.ones(2, 2), "b": torch.tensor([2.0, 0.0])}, energy=0.9, num_examples=30),
-        SVDStatePayload(dense={"w": -torch.ones(2, 2) * 3, "b": torch.tensor([0.0, 4.0])}, energy=0.95, num_examples=10),
+        SVDStatePayload(dense=first, energy=0.9, num_examples=30),
+        SVDStatePayload(dense=second, energy=0.95, num_examples=10),
     ]
     server = FedKDServer("update", "uniform")
     server.setup(context(initial=initial))
@@ -148,6 +154,7 @@ def test_fedkd_server_rejects_malformed_factors(cpu_trainer):
     with pytest.raises(TrainingError, match="shape"):
         loop.server.aggregate(0, [upload(0, SVDStatePayload(dense=bad, num_examples=1))])
     factors = {"u": torch.zeros(10, 2), "s": torch.zeros(2), "v": torch.zeros(3, 32)}
-    low = SVDStatePayload(low_rank={"head.weight": factors}, dense={k: v for k, v in good.items() if k != "head.weight"})
+    rest = {k: v for k, v in good.items() if k != "head.weight"}
+    low = SVDStatePayload(low_rank={"head.weight": factors}, dense=rest)
     with pytest.raises(TrainingError, match="low_rank.head.weight.v"):
         loop.server.aggregate(0, [upload(0, low)])

@@ -57,6 +57,7 @@ class TinyGenerator(nn.Module):
 
 @pytest.fixture
 def tiny_generator(monkeypatch):
+    """Make FedKTL load the in-test TinyGenerator instead of a pretrained artifact."""
     generator = TinyGenerator()
     monkeypatch.setattr(fedktl, "_load_generator", lambda name: generator)
     return generator
@@ -83,6 +84,7 @@ def _upload(client_id, values, counts):
 
 
 def test_latent_head_identical_across_architectures_and_reset_every_fit():
+    """h'_i starts from one shared initialisation on every client, is reset each fit and never stored."""
     first, second = _client("cnn_tiny", seed=1), _client("mlp_tiny", seed=2)
     weight, bias = shared_linear_init(16, 6, 123)
     # nn.Linear's default bounds: 1/sqrt(fan_in) = 1/sqrt(16) = 0.25
@@ -101,6 +103,7 @@ def test_latent_head_identical_across_architectures_and_reset_every_fit():
 
 
 def test_upload_is_unit_prototypes_of_held_classes_and_counts_their_bytes():
+    """The upload holds unit prototypes of the held classes only, |C_i| (K floats + one count) bytes."""
     client = _client().eval()
     x = torch.randn(6, 3, 16, 16)
     y = torch.tensor([0, 0, 2, 2, 2, 0])
@@ -114,6 +117,7 @@ def test_upload_is_unit_prototypes_of_held_classes_and_counts_their_bytes():
 
 
 def test_prediction_is_cosine_to_fixed_etf_and_etf_is_not_trained():
+    """Predictions are cosines to the fixed ETF, which is no parameter and identical for every client."""
     client = _client()
     assert not any(p is client.etf for p in client.parameters())
     x = torch.randn(5, 3, 16, 16)
@@ -124,6 +128,7 @@ def test_prediction_is_cosine_to_fixed_etf_and_etf_is_not_trained():
 
 
 def test_pairs_stream_gives_full_batches_and_covers_every_pair():
+    """The pair stream always returns full batches and covers every downloaded pair in each pass."""
     client = _client()
     images, latents = torch.randn(3, 3, 16, 16), torch.arange(18.0).view(3, 6)
     client.on_receive(GeneratedPairsPayload(images=images, latents=latents))
@@ -138,6 +143,7 @@ def test_pairs_stream_gives_full_batches_and_covers_every_pair():
 
 
 def test_client_rejects_pairs_of_wrong_latent_size():
+    """Pairs whose latents do not match h'_i's output size are refused."""
     client = _client()
     with pytest.raises(TrainingError, match="latents"):
         client.on_receive(GeneratedPairsPayload(images=torch.zeros(2, 3, 16, 16), latents=torch.zeros(2, 5)))
@@ -173,6 +179,7 @@ def _fitted_server(generator, epochs=2, **kwargs):
 
 
 def test_download_is_one_pair_per_class_with_paper_byte_count():
+    """The download is one (image, latent) pair per class, C (ch*h*w + H) floats, after E_S server steps."""
     server = _fitted_server(TinyGenerator())
     download = server.download_for(0)
     assert download.images.shape == (4, 3, 16, 16) and download.latents.shape == (4, 6)
@@ -183,6 +190,7 @@ def test_download_is_one_pair_per_class_with_paper_byte_count():
 
 
 def test_classes_never_uploaded_get_no_pair():
+    """Classes no client has uploaded get no generated pair."""
     server = FedKTLServer(TinyGenerator(), epochs=1)
     server.setup(_context())
     server.aggregate(0, [_upload(0, torch.eye(4), [1, 1, 0, 0])])
@@ -192,6 +200,7 @@ def test_classes_never_uploaded_get_no_pair():
 
 
 def test_final_centroids_are_class_means_of_transformed_prototypes():
+    """The latents sent are the class means of F over this round's prototypes (eval mode)."""
     server = _fitted_server(TinyGenerator())
     server.transformer.eval()
     with torch.no_grad():
@@ -203,6 +212,7 @@ def test_final_centroids_are_class_means_of_transformed_prototypes():
 
 @pytest.mark.parametrize("centroid_mode", ["learned_table", "exact_mean"])
 def test_server_training_lowers_its_loss(centroid_mode):
+    """Sixty server epochs halve the server loss in both centroid modes."""
     generator = TinyGenerator()
     server = FedKTLServer(generator, epochs=1, centroid_mode=centroid_mode)
     server.setup(_context())
@@ -221,6 +231,7 @@ def test_server_training_lowers_its_loss(centroid_mode):
 
 
 def test_server_rejects_malformed_prototypes():
+    """Prototypes of the wrong size or with NaN are refused."""
     server = FedKTLServer(TinyGenerator())
     server.setup(_context())
     with pytest.raises(TrainingError, match="shape"):
@@ -230,6 +241,7 @@ def test_server_rejects_malformed_prototypes():
 
 
 def test_server_state_round_trips_without_the_generator():
+    """The server state leaves out the frozen generator and restores the pairs and centroids exactly."""
     server = _fitted_server(TinyGenerator())
     state = server.state_dict()
     assert not any(k.startswith("generator.") for k in state) and "pair_latents" in state
@@ -241,6 +253,7 @@ def test_server_state_round_trips_without_the_generator():
 
 
 def test_to_client_images_hand_values():
+    """Generated images are mapped to [0, 1], resized, converted to the client's channels and normalised."""
     generated = torch.tensor([1.0, 1.0, -1.0]).view(1, 3, 1, 1).expand(1, 3, 2, 2)
     # [-1, 1] -> [0, 1]: (1, 1, 0); grey = mean = 2/3; normalised (2/3 - 0.5) / 0.25 = 2/3
     grey = to_client_images(generated, image_size=2, channels=1, mean=(0.5,), std=(0.25,))
@@ -264,6 +277,7 @@ def _run(algorithm, rounds=2):
 
 
 def test_mu_zero_is_exactly_the_no_transfer_ablation_and_mu_positive_is_not(tiny_generator, monkeypatch):
+    """With mu = 0 FedKTL equals the -L^M ablation bit for bit, mu > 0 differs, and h'_i starts identical."""
     _, without_mu = _run(FedKTL(mu=0.0, server_epochs=2))
     _, without_task = _run(FedKTL(use_latent_task=False, server_epochs=2))
     latent_heads_at_fit_start = []
@@ -286,6 +300,7 @@ def test_mu_zero_is_exactly_the_no_transfer_ablation_and_mu_positive_is_not(tiny
 
 
 def test_without_etf_uses_the_original_classifier_and_feature_prototypes(tiny_generator):
+    """The -ETF ablation keeps the classifier and uploads K'-dimensional feature prototypes."""
     loop, summary = _run(FedKTL(use_etf=False, server_epochs=2), rounds=1)
     assert loop.server.transformer[0].in_features == 16  # K' = feature_dim
     assert 0.0 <= summary["final"]["acc_local"] <= 100.0
@@ -328,7 +343,9 @@ class FixedLatents(TinyGenerator):
 
 def test_server_loss_is_mmd_plus_centroid_mse_by_hand():
     """MMD^2 (one RBF bandwidth) of F(P) against the generator's latents plus lambda = 0.5 times the centroid MSE."""
-    server = FedKTLServer(FixedLatents(), prototype_dim=2, centroid_weight=0.5, epochs=1, batch_size=2, mmd_bandwidths=(1.0,))
+    server = FedKTLServer(
+        FixedLatents(), prototype_dim=2, centroid_weight=0.5, epochs=1, batch_size=2, mmd_bandwidths=(1.0,)
+    )
     server.setup(_context(num_classes=2))
     with torch.no_grad():  # F = Linear(I) -> BatchNorm (fresh) -> ReLU -> Linear(I)
         for layer in (server.transformer[0], server.transformer[3]):

@@ -78,7 +78,7 @@ def test_fedmatch_loss_weights_by_hand(pseudo_labels_fired):
 
 
 def test_fedmatch_pseudo_label_branch_fires_in_a_real_collaborative_fit(pseudo_labels_fired):
-    """With confident helpers, the real strong view's pseudo-label CE is computed for every client and changes the step."""
+    """With confident helpers the real strong view's pseudo-label CE runs for every client and changes the step."""
     algorithm = FedMatch()
 
     def confident_clients():

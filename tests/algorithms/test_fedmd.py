@@ -136,7 +136,10 @@ def test_public_phase_settings_are_checked_once_for_every_method(method):
         method(public_epochs=-1)
     with pytest.raises(ConfigError, match=rf"^{method.__name__}: public_lr=0.0 must be > 0"):
         method(public_lr=0.0)
-    algorithm = method(public_epochs=3, public_optimizer="sgd", public_lr=0.5, public_weight_decay=0.1, reset_public_optimizer=False)
+    algorithm = method(
+        public_epochs=3, public_optimizer="sgd", public_lr=0.5, public_weight_decay=0.1, reset_public_optimizer=False
+    )
     assert algorithm.collaborative_epochs() == 3
-    assert algorithm.public_phase_kwargs() == {"optimizer": "sgd", "lr": 0.5, "weight_decay": 0.1, "reset_optimizer_each_step": False}
+    expected = {"optimizer": "sgd", "lr": 0.5, "weight_decay": 0.1, "reset_optimizer_each_step": False}
+    assert algorithm.public_phase_kwargs() == expected
     assert algorithm.capabilities.needs_public_data and algorithm.capabilities.heterogeneous_models

@@ -23,7 +23,7 @@ def _moved_client(mu: float) -> FedProxClient:
 
 
 def test_fedprox_loss_is_cross_entropy_plus_half_mu_times_squared_distance_by_hand():
-    """mu = 0.5, ||w - w_t||^2 = 1 + 4 = 5: loss = CE + 0.25 * 5 (``mu`` instead of ``mu/2`` would add 2.5)."""
+    """With mu = 0.5 and ||w - w_t||^2 = 1 + 4 = 5 the loss is CE + 0.25 * 5 (``mu`` for ``mu/2`` would add 2.5)."""
     client = _moved_client(mu=0.5)
     # features = body x = [2, 0] = logits (head row 0 is [1, 0]); CE(class 0) = log(1 + e^-2) = 0.126928
     loss = client.local_loss((X, Y))

@@ -10,7 +10,7 @@ from tests.algorithms.helpers import SGD, TinyLinear, assert_same_global_model, 
 
 
 def test_fedrs_with_alpha_one_equals_fedavg_bit_for_bit(fedavg_run):
-    """alpha = 1 reproduces FedAvg exactly, and every client keeps the label counts of its training split."""
+    """FedRS with alpha = 1 reproduces FedAvg exactly; every client keeps the label counts of its training split."""
     avg_loop, avg = fedavg_run
     rs_loop, rs = label_skew_run(FedRS(alpha=1.0, **SGD))
     assert avg["final"] == rs["final"]

@@ -35,7 +35,7 @@ def _fit_server(server) -> None:
 
 
 def test_fedtgp_server_margin_from_uploads_by_hand():
-    """delta = min(max_c min_c' ||Q^c - Q^c'||, tau) over the uniform class averages of the uploads."""
+    """The margin is min(max_c min_c' ||Q^c - Q^c'||, tau) over the uniform class averages of the uploads."""
     server = FedTGPServer(margin_threshold=100.0, server_epochs=1)
     server.setup(head_context(num_classes=4, feature_dim=2))
     assert server.download_for(0) is None  # no global prototypes before the first server phase
@@ -75,7 +75,8 @@ def test_fedtgp_server_step_loss_by_hand():
     _fit_server(server)
     assert server.loss_steps == 1 and server.metrics()["loss"] == pytest.approx(expected, rel=1e-5)
     download = server.download_for(0)
-    assert download.counts.tolist() == [1, 1] and not torch.allclose(download.values, torch.tensor([[0.0, 0.0], [3.0, 4.0]]))
+    assert download.counts.tolist() == [1, 1]
+    assert not torch.allclose(download.values, torch.tensor([[0.0, 0.0], [3.0, 4.0]]))  # the step moved them
 
 
 def test_fedtgp_server_training_separates_global_prototypes():

@@ -34,7 +34,7 @@ def shared_state(loop, client_id, prefix, receive):
 
 
 def test_fml_mutual_learning_loss_by_hand():
-    """alpha CE_p + (1 - alpha) KL(p_m || p_p) + beta CE_m + (1 - beta) KL(p_p || p_m), alpha 0.5, beta 0.25."""
+    """The loss is a CE_p + (1 - a) KL(p_m || p_p) + b CE_m + (1 - b) KL(p_p || p_m), with a = 0.5, b = 0.25."""
     client = FMLClient(TinyLinear(), 2, meme=TinyLinear(head=SWAP), alpha=0.5, beta=0.25)
     # private logits [1, 0], meme logits [0, 1]: CE_p = log(1 + e^-1), CE_m = log(1 + e)
     # p_p = (s, 1 - s), p_m = (1 - s, s) with s = e / (1 + e); both KLs = (2s - 1) * log(s / (1 - s)) = 2s - 1

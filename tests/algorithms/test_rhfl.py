@@ -99,7 +99,9 @@ def test_rhfl_a_collaborative_step_moves_every_client_towards_its_peers():
 
 
 def _loss_uploads(losses):
-    return [upload(cid, PrivateLossPayload(loss=torch.tensor(value), num_examples=10)) for cid, value in enumerate(losses)]
+    return [
+        upload(cid, PrivateLossPayload(loss=torch.tensor(value), num_examples=10)) for cid, value in enumerate(losses)
+    ]
 
 
 def test_rhfl_server_computes_ccr_from_two_rounds_of_private_losses():
@@ -146,9 +148,8 @@ def test_rhfl_loop_sends_confidences_from_round_two():
     """Round 0 has no confidences, round 1 logs weights summing to one; bytes = logits both ways plus losses."""
     scenario = tiny_domain_shift()
     scenario.setup()
-    loop = FederationLoop(
-        RHFL(), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], TrainerTemplate(max_epochs=1, accelerator="cpu"), rounds=2
-    )
+    trainer = TrainerTemplate(max_epochs=1, accelerator="cpu")
+    loop = FederationLoop(RHFL(), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], trainer, rounds=2)
     summary = loop.run()
     assert all(math.isfinite(r["train/loss"]) for r in loop.history)
     assert not any(k.startswith("server/confidence") for k in loop.history[0])
