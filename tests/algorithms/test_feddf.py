@@ -95,3 +95,11 @@ def test_feddf_runs_on_label_skew_with_public_data_and_counts_bytes():
     # 1 round x 2 public batches x 3 participants x 32 images x 10 classes x 4 bytes, each way
     assert summary["comm"]["bytes_up"] == 2 * 3 * 32 * PUBLIC_CLASSES * 4
     assert summary["comm"]["bytes_down"] == summary["comm"]["bytes_up"]
+
+
+def test_feddf_local_loss_is_cross_entropy_by_hand():
+    """After the public phase FedDF trains on plain cross-entropy: log(1 + e^-1) for logits [1, 0], class 0."""
+    client = FedDF().build_client(TinyLinear(), 2)
+    loss = client.local_loss((torch.tensor([[1.0, 0.0]]), torch.tensor([0])))
+    assert loss.item() == pytest.approx(0.313262, abs=1e-6)
+    assert client.make_upload([]) is None and FedDF().build_server().download_for(0) is None

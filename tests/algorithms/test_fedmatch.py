@@ -137,3 +137,11 @@ def test_fedmatch_invalid_hyperparameters_fail_in_one_line():
         FedMatch(threshold=1.5)
     with pytest.raises(ConfigError, match="weight"):
         FedMatch(consistency_weight=-1.0)
+
+
+def test_fedmatch_local_loss_is_cross_entropy_by_hand():
+    """After the public phase FedMatch trains on plain cross-entropy: log(1 + e^-1) for logits [1, 0], class 0."""
+    client = FedMatch().build_client(TinyLinear(), 2)
+    loss = client.local_loss((torch.tensor([[1.0, 0.0]]), torch.tensor([0])))
+    assert loss.item() == pytest.approx(0.313262, abs=1e-6)
+    assert client.make_upload([]) is None and FedMatch().build_server().download_for(0) is None

@@ -143,3 +143,11 @@ def test_public_phase_settings_are_checked_once_for_every_method(method):
     expected = {"optimizer": "sgd", "lr": 0.5, "weight_decay": 0.1, "reset_optimizer_each_step": False}
     assert algorithm.public_phase_kwargs() == expected
     assert algorithm.capabilities.needs_public_data and algorithm.capabilities.heterogeneous_models
+
+
+def test_fedmd_local_loss_is_cross_entropy_by_hand():
+    """After the public phase FedMD trains on plain cross-entropy: log(1 + e^-1) for logits [1, 0], class 0."""
+    client = FedMD().build_client(TinyLinear(), 2)
+    loss = client.local_loss((torch.tensor([[1.0, 0.0]]), torch.tensor([0])))
+    assert loss.item() == pytest.approx(0.313262, abs=1e-6)
+    assert client.make_upload([]) is None and FedMD().build_server().download_for(0) is None

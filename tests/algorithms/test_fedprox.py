@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.fedprox import FedProx, FedProxClient
 from fedhet.federation.payloads import WeightsPayload
 from tests.algorithms.helpers import SGD, TinyLinear, assert_same_global_model, label_skew_run
@@ -63,3 +64,8 @@ def test_fedprox_with_mu_zero_equals_fedavg_exactly(fedavg_run):
     assert_same_global_model(avg_loop, prox_loop)
     _, prox_mu = label_skew_run(FedProx(mu=1.0, **SGD))
     assert prox_mu["final"] != avg["final"]
+
+
+def test_fedprox_server_is_fedavgs_example_weighted_average():
+    """FedProx aggregates exactly as FedAvg (the server is FedAvg's, tested by hand in test_fedavg.py)."""
+    assert type(FedProx().build_server()) is FedAvgServer

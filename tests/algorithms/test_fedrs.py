@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.fedrs import FedRS, FedRSClient, label_counts
 from tests.algorithms.helpers import SGD, TinyLinear, assert_same_global_model, label_skew_run
 
@@ -62,3 +63,8 @@ def test_label_counts_from_loader_data_or_batches():
     assert label_counts(_Loader(), 3).tolist() == [1, 0, 2]
     batches = [(torch.zeros(2, 1), torch.tensor([1, 1])), (torch.zeros(1, 1), torch.tensor([0]))]
     assert label_counts(batches, 3).tolist() == [1, 2, 0]
+
+
+def test_fedrs_server_is_fedavgs_example_weighted_average():
+    """FedRS aggregates exactly as FedAvg (the server is FedAvg's, tested by hand in test_fedavg.py)."""
+    assert type(FedRS().build_server()) is FedAvgServer

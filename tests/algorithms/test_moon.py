@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.moon import MOON, MoonClient, ProjectedClassifier
 from fedhet.federation.payloads import WeightsPayload
 from tests.algorithms.helpers import SGD, TinyLinear, assert_same_global_model, label_skew_run
@@ -63,3 +64,8 @@ def test_moon_projection_head_and_state_after_a_round():
     assert not any(key.startswith("backbone.head") for key in loop.server.global_weights)
     assert bool(loop.store.get(0)["module"]["has_previous_model"])
     assert not any(key.startswith("anchor") for key in loop.store.get(0)["module"])
+
+
+def test_moon_server_is_fedavgs_example_weighted_average():
+    """MOON aggregates exactly as FedAvg (the server is FedAvg's, tested by hand in test_fedavg.py)."""
+    assert type(MOON().build_server()) is FedAvgServer
