@@ -1,0 +1,1 @@
+"""fedhet test suite: tiny scenarios and models on CPU, never the network."""

@@ -20,6 +20,7 @@ torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 
 def tiny_domain_shift(**overrides):
+    """A three-domain Digits scenario of 32 private images per client, with 64 public photos."""
     from fedhet.data import DomainShiftScenario
 
     kwargs = dict(
@@ -40,6 +41,7 @@ def tiny_domain_shift(**overrides):
 
 
 def tiny_label_skew(**overrides):
+    """A three-client Dirichlet(0.5) MNIST scenario with small global test and validation sets."""
     from fedhet.data import DirichletPartitioner, LabelSkewScenario
 
     kwargs = dict(
@@ -62,6 +64,7 @@ SCENARIOS = {"domain_shift": tiny_domain_shift, "label_skew": tiny_label_skew}
 
 @pytest.fixture
 def cpu_trainer():
+    """A one-epoch CPU Trainer template."""
     from fedhet.federation.trainer import TrainerTemplate
 
     return TrainerTemplate(max_epochs=1, accelerator="cpu")

@@ -36,10 +36,12 @@ def _error_line(err: str) -> str:
 
 @pytest.fixture
 def run_dir(tmp_path):
+    """A run directory path that does not exist yet."""
     return tmp_path / "run"
 
 
 def test_fit_writes_the_results_contract(run_dir, capsys):
+    """A fit writes summary, metrics lines, the resolved config, the console table and per-round progress."""
     code, out, err = _fit(["--config", DIGITS, *tiny_overrides(), "--rounds", "2", "--run_dir", str(run_dir)], capsys)
     assert code == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -57,7 +59,9 @@ def test_fit_writes_the_results_contract(run_dir, capsys):
 
 
 def test_label_skew_summary_and_equals_form_overrides(run_dir, capsys):
-    args = ["--config", DIGITS_DIR, *tiny_overrides("label_skew"), "--rounds=1", f"--run_dir={run_dir}", "--method.gamma=0.5"]
+    """A label-skew run reports local/global metrics and --key=value overrides reach the config."""
+    overrides = ["--rounds=1", f"--run_dir={run_dir}", "--method.gamma=0.5"]
+    args = ["--config", DIGITS_DIR, *tiny_overrides("label_skew"), *overrides]
     code, _, err = _fit(args, capsys)
     assert code == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -66,9 +70,12 @@ def test_label_skew_summary_and_equals_form_overrides(run_dir, capsys):
 
 
 def test_same_seed_identical_summary_metrics(tmp_path, capsys):
+    """Two CLI runs with the same seed write identical summary blocks."""
     summaries = []
     for name in ("a", "b"):
-        code, _, err = _fit(["--config", DIGITS, *tiny_overrides(), "--rounds", "2", "--seed", "7", "--run_dir", str(tmp_path / name)], capsys)
+        overrides = ["--rounds", "2", "--seed", "7", "--run_dir", str(tmp_path / name)]
+        args = ["--config", DIGITS, *tiny_overrides(), *overrides]
+        code, _, err = _fit(args, capsys)
         assert code == 0, err
         summaries.append(json.loads((tmp_path / name / "summary.json").read_text()))
     for block in ("final", "best", "last3", "comm", "matrix"):
@@ -113,6 +120,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, capsys):
     ],
 )
 def test_bad_input_is_one_clear_line(extra, pattern, run_dir, capsys):
+    """Bad keys, types, methods or models fail in one 'fedhet: error:' line before writing anything."""
     code, _, err = _fit(["--config", DIGITS, *tiny_overrides(), *extra, "--run_dir", str(run_dir)], capsys)
     assert code != 0
     line = _error_line(err)
@@ -121,19 +129,34 @@ def test_bad_input_is_one_clear_line(extra, pattern, run_dir, capsys):
 
 
 def test_empty_partition_is_a_clear_error(run_dir, capsys):
-    args = ["--config", DIGITS_DIR, *tiny_overrides("label_skew"), "--scenario.num_clients=3", "--scenario.partitioner.init_args.min_size=5000"]
+    """An impossible partition (min_size too large) is a one-line error naming min_size."""
+    args = [
+        "--config",
+        DIGITS_DIR,
+        *tiny_overrides("label_skew"),
+        "--scenario.num_clients=3",
+        "--scenario.partitioner.init_args.min_size=5000",
+    ]
     code, _, err = _fit([*args, "--run_dir", str(run_dir)], capsys)
     assert code != 0 and "min_size" in _error_line(err)
     assert not (run_dir / "summary.json").exists()
 
 
 def test_missing_dataset_root_is_a_clear_error(run_dir, capsys):
-    args = ["--config", DIGITS_DIR, *tiny_overrides("label_skew"), "--scenario.dataset=cifar10", f"--scenario.root={run_dir}/nowhere"]
+    """A paper dataset without a local root is a one-line error naming the dataset and root."""
+    args = [
+        "--config",
+        DIGITS_DIR,
+        *tiny_overrides("label_skew"),
+        "--scenario.dataset=cifar10",
+        f"--scenario.root={run_dir}/nowhere",
+    ]
     code, _, err = _fit([*args, "--run_dir", str(run_dir)], capsys)
     assert code != 0 and "cifar10" in _error_line(err) and "root" in _error_line(err)
 
 
 def test_corrupt_checkpoint_is_a_clear_error(run_dir, capsys):
+    """Resuming from a corrupt checkpoint is a one-line error and writes no summary."""
     code, _, err = _fit(["--config", DIGITS, *tiny_overrides(), "--rounds", "1", "--run_dir", str(run_dir)], capsys)
     assert code == 0, err
     (run_dir / "summary.json").unlink()
@@ -144,12 +167,15 @@ def test_corrupt_checkpoint_is_a_clear_error(run_dir, capsys):
 
 
 def test_nan_loss_is_a_clear_error(run_dir, capsys):
-    code, _, err = _fit(["--config", DIGITS, *tiny_overrides(), "--method.lr=1e30", "--rounds=1", "--run_dir", str(run_dir)], capsys)
+    """A diverging run stops with a one-line non-finite loss error and no summary."""
+    args = ["--config", DIGITS, *tiny_overrides(), "--method.lr=1e30", "--rounds=1", "--run_dir", str(run_dir)]
+    code, _, err = _fit(args, capsys)
     assert code != 0 and "non-finite" in _error_line(err)
     assert not (run_dir / "summary.json").exists()
 
 
 def test_resume_refuses_changed_config(run_dir, capsys):
+    """Resume refuses any change to the config but --rounds."""
     code, _, _ = _fit(["--config", DIGITS, *tiny_overrides(), "--rounds", "1", "--run_dir", str(run_dir)], capsys)
     (run_dir / "summary.json").unlink()
     code, _, err = _fit(["--resume", str(run_dir), "--method.lam=5"], capsys)
@@ -157,6 +183,7 @@ def test_resume_refuses_changed_config(run_dir, capsys):
 
 
 def test_existing_run_dir_is_not_overwritten(run_dir, capsys):
+    """A finished run directory is never overwritten; the error points at --resume."""
     args = ["--config", DIGITS, *tiny_overrides(), "--rounds", "1", "--run_dir", str(run_dir)]
     assert _fit(args, capsys)[0] == 0
     before = (run_dir / "summary.json").read_text()
@@ -166,6 +193,7 @@ def test_existing_run_dir_is_not_overwritten(run_dir, capsys):
 
 
 def test_print_config_and_python_dash_m():
+    """Running ``python -m fedhet fit --print_config`` prints the resolved config with overrides applied."""
     result = subprocess.run(
         [sys.executable, "-m", "fedhet", "fit", "--config", DIGITS, "--rounds=3", "--print_config"],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
@@ -177,7 +205,8 @@ def test_print_config_and_python_dash_m():
 
 def test_sweep_agent_command_line_form(run_dir, capsys):
     """W&B agents append --key=value after the config: the last value wins."""
-    args = ["--config", DIGITS, *tiny_overrides(), "--rounds=1", f"--run_dir={run_dir}", "--method.init_args.lam=0.7", "--seed=4"]
+    overrides = ["--rounds=1", f"--run_dir={run_dir}", "--method.init_args.lam=0.7", "--seed=4"]
+    args = ["--config", DIGITS, *tiny_overrides(), *overrides]
     code, _, err = _fit(args, capsys)
     assert code == 0, err
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -185,6 +214,7 @@ def test_sweep_agent_command_line_form(run_dir, capsys):
 
 
 def test_every_experiment_config_parses():
+    """Every shipped experiment config parses."""
     from fedhet.cli import build_parser
 
     parser = build_parser()
@@ -212,10 +242,10 @@ def test_sweep_configs_expand_to_valid_command_lines():
         names = list(sweep["parameters"])
         grids = [spec.get("values", [spec.get("value")]) for spec in sweep["parameters"].values()]
         for values in itertools.product(*grids):
-            args = [*command[start:-1], *(f"--{k}={v}" for k, v in zip(names, values))]
+            args = [*command[start:-1], *(f"--{k}={v}" for k, v in zip(names, values, strict=True))]
             args = [str(ROOT / a) if a.endswith(".yaml") else a for a in args]
             config = parse_accepting_none(parser, args)  # a swept null arrives as --key=None
-            for key, value in zip(names, values):
+            for key, value in zip(names, values, strict=True):
                 node = config
                 for part in key.split("."):
                     node = node[part]
@@ -223,11 +253,15 @@ def test_sweep_configs_expand_to_valid_command_lines():
 
 
 def test_wandb_offline_run_is_written_without_network(run_dir, capsys, monkeypatch):
+    """An offline W&B run is written into the run directory and its id stored in the checkpoint."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
-    code, _, err = _fit(["--config", DIGITS, *tiny_overrides(), "--rounds=1", "--wandb.mode=offline", f"--run_dir={run_dir}"], capsys)
+    args = ["--config", DIGITS, *tiny_overrides(), "--rounds=1", "--wandb.mode=offline", f"--run_dir={run_dir}"]
+    code, _, err = _fit(args, capsys)
     assert code == 0, err
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
-    checkpoint_id = __import__("fedhet.tracking", fromlist=["RunDirectory"]).RunDirectory(run_dir).load_checkpoint()["wandb_id"]
+    from fedhet.tracking import RunDirectory
+
+    checkpoint_id = RunDirectory(run_dir).load_checkpoint()["wandb_id"]
     assert checkpoint_id and checkpoint_id in runs[0].name

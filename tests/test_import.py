@@ -8,9 +8,11 @@ import sys
 
 
 def test_importing_every_package_has_no_side_effects(tmp_path):
+    """Importing every fedhet package changes no cwd, path, warnings or logging, prints and writes nothing."""
     code = (
         "import logging, os, sys, warnings\n"
-        "import numpy, torch, torchvision, torchmetrics, lightning.pytorch, jsonargparse, yaml  # dependencies' own effects\n"
+        # the dependencies' own import effects happen before the snapshot
+        "import numpy, torch, torchvision, torchmetrics, lightning.pytorch, jsonargparse, yaml\n"
         "cwd, path, filters = os.getcwd(), list(sys.path), list(warnings.filters)\n"
         "lightning_level = logging.getLogger('lightning.pytorch').level\n"
         "import fedhet, fedhet.cli, fedhet.algorithms, fedhet.federation, fedhet.federation.loop, fedhet.functional\n"
@@ -21,7 +23,8 @@ def test_importing_every_package_has_no_side_effects(tmp_path):
         "assert logging.getLogger('lightning.pytorch').level == lightning_level, 'import silenced lightning'\n"
     )
     env = {**os.environ, "FEDHET_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    command = [sys.executable, "-c", code]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == ""
     assert os.listdir(tmp_path) == []  # nothing written (no cache, no logs)

@@ -72,6 +72,15 @@ class ClientResult:
 
 
 @dataclass(frozen=True)
+class CollaborationResult:
+    """States of the participants right after the lock-step phase, and the bytes it exchanged."""
+
+    states: list[ClientState]
+    bytes_up: int
+    bytes_down: int
+
+
+@dataclass(frozen=True)
 class RuntimeRecipe:
     """A picklable description from which a worker rebuilds the same :class:`ClientRuntime`.
 
@@ -322,13 +331,8 @@ class ClientRuntime:
             return None
         return dataclasses.replace(upload.to("cpu"), num_examples=len(train))
 
-    def fit_collaborative(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientResult], int, int]:
-        """The lock-step phase with every participant live at once, then each one's local stages.
-
-        Each participant is materialised once (its download applied once), steps on the same
-        public batches as the others, and goes on to its local update in the same live module.
-        Returns the results and the bytes the lock-step phase exchanged (up, down).
-        """
+    def _collaborate(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientModule], list[ClientState], int, int]:
+        """Materialise every participant live at once (download applied once) and run the lock-step phase."""
         slots: dict[str, int] = {}
         modules: list[ClientModule] = []
         states: list[ClientState] = []
@@ -340,9 +344,7 @@ class ClientRuntime:
             modules.append(module)
         phase = self.algorithm.build_collaborative_phase(modules)
         if phase is None:
-            raise TrainingError(
-                f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase"
-            )
+            raise TrainingError(f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase")
         phase.round_idx, phase.total_rounds = tasks[0].round_idx, self.rounds
         seed = derive_seed(self.seed, "collaborate", tasks[0].step)
         trainer = self.trainer.build(
@@ -350,10 +352,32 @@ class ClientRuntime:
         )
         with seeded(seed, self.device):
             trainer.fit(phase, train_dataloaders=self.scenario.public_loader(seed))
-        results = [
-            self._train_local(module, task, state) for module, task, state in zip(modules, tasks, states, strict=False)
+        return modules, states, phase.exchanged_bytes_up, phase.exchanged_bytes_down
+
+    def collaborate(self, tasks: Sequence[ClientTask]) -> CollaborationResult:
+        """The lock-step phase alone: each participant's state right after it, and the bytes exchanged.
+
+        The round loop runs :meth:`fit_collaborative`; this is for diagnostics and tests of the phase.
+        """
+        modules, states, bytes_up, bytes_down = self._collaborate(tasks)
+        after = [
+            {"module": clone_state(module.client_state()), "optimizer": state.get("optimizer")}
+            for module, state in zip(modules, states, strict=True)
         ]
-        return results, phase.exchanged_bytes_up, phase.exchanged_bytes_down
+        return CollaborationResult(after, bytes_up, bytes_down)
+
+    def fit_collaborative(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientResult], int, int]:
+        """The lock-step phase with every participant live at once, then each one's local stages.
+
+        Each participant is materialised once (its download applied once), steps on the same
+        public batches as the others, and goes on to its local update in the same live module.
+        Returns the results and the bytes the lock-step phase exchanged (up, down).
+        """
+        modules, states, bytes_up, bytes_down = self._collaborate(tasks)
+        results = [
+            self._train_local(module, task, state) for module, task, state in zip(modules, tasks, states, strict=True)
+        ]
+        return results, bytes_up, bytes_down
 
     # ------------------------------------------------------------------ evaluation
     def _batches_on_device(self, data: Any) -> Iterator[tuple[Tensor, Tensor]]:

@@ -26,6 +26,7 @@ ARCHITECTURES = ["cnn_tiny", "mlp_tiny", "cnn_tiny"]
 
 @pytest.fixture(scope="module")
 def scenario():
+    """The tiny label-skew scenario (3 clients), set up once for the module."""
     scenario = tiny_label_skew()
     scenario.setup()
     return scenario
@@ -50,7 +51,8 @@ def _held_classes(scenario):
 
 
 def _all_classes(scenario):
-    return len(set().union(*(scenario.client_data(c).train.labels_numpy().tolist() for c in range(scenario.num_clients))))
+    labels = (scenario.client_data(c).train.labels_numpy().tolist() for c in range(scenario.num_clients))
+    return len(set().union(*labels))
 
 
 def _params(module) -> int:
@@ -58,6 +60,7 @@ def _params(module) -> int:
 
 
 def test_prototype_and_logit_methods(scenario):
+    """FD, FedProto, FedGH and FedTGP measure |C_i| rows up and the paper's download size per client."""
     held, classes, clients = _held_classes(scenario), scenario.num_classes, scenario.num_clients
     present = _all_classes(scenario)
     head = FEATURE_DIM * classes + classes
@@ -76,12 +79,14 @@ def test_prototype_and_logit_methods(scenario):
 
 
 def test_head_sharing(scenario):
+    """LG-FedAvg sends one K'C + C head up and one down per client."""
     head = FEATURE_DIM * scenario.num_classes + scenario.num_classes
     _, record = _second_round("lg_fedavg", scenario)
     assert record["comm/bytes_up"] == record["comm/bytes_down"] == scenario.num_clients * head * FLOAT
 
 
 def test_fedktl_matches_table_5(scenario):
+    """FedKTL sends |C_i| K floats up and C (ch*h*w + H) floats down per client (Table 5)."""
     loop, record = _second_round("fedktl", scenario, server_epochs=1)
     classes, clients = scenario.num_classes, scenario.num_clients
     prototype_dim = classes  # K = C
@@ -92,6 +97,7 @@ def test_fedktl_matches_table_5(scenario):
 
 
 def test_shared_model_methods(scenario):
+    """FML sends the whole meme both ways; FedKD's SVD factors are smaller than the dense student."""
     meme = create_model("simple_cnn", num_classes=scenario.num_classes, in_channels=scenario.in_channels, seed=0)
     _, record = _second_round("fml", scenario, meme_model="simple_cnn")
     floats = _params(meme)

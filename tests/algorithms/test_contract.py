@@ -1,7 +1,8 @@
 """The method contract, checked for every registered method x compatible family x scenario kind.
 
 Two rounds on a tiny scenario must finish; uploads and downloads have the declared types and a
-positive size; metrics are finite; and the same seed gives identical numbers.
+positive size; metrics are finite; client state round-trips through a fresh module. Same seed,
+same numbers (bit-identical states) and resume are checked in ``test_reproducibility.py``.
 """
 
 from __future__ import annotations
@@ -14,55 +15,28 @@ import torch
 from fedhet.algorithms import ALGORITHMS, list_algorithms
 from fedhet.errors import ConfigError
 from fedhet.federation import FederationLoop
-from fedhet.models import resolve_family
+from fedhet.federation.runtime import ClientTask
+from tests.algorithms.helpers import tiny_family, tiny_loop
 from tests.conftest import SCENARIOS
-
 
 # Every method runs on the tiny family of its kind (heterogeneous: tiny2, else tiny_homo) on each
 # scenario kind it supports. The CPU architectures of the embedded configs (cpu4, cpu_homo) and
 # the paper-scale (GPU) families are covered model by model in tests/models (forward, features,
-# head, backward), and every shipped config is parsed and validated in tests/test_cli.py.
-def _tiny_family(name: str) -> str:
-    return "tiny2" if ALGORITHMS[name].capabilities.heterogeneous_models else "tiny_homo"
-
-
-CASES = [(name, _tiny_family(name), kind) for name in list_algorithms() for kind in ALGORITHMS[name].capabilities.scenario_kinds]
-
-# Budgets whose paper defaults take minutes (pretraining, server epochs) shrink to a few steps
-# here; the contract is about shapes, types, sizes and determinism, not about convergence.
-FAST = {
-    "fccl": {"pretrain_epochs": 1},
-    "feddf_server": {"distill_steps": 2},
-    "fedgen": {"generator_steps": 2},
-    "fedgh": {"server_epochs": 2},
-    "fedtgp": {"server_epochs": 2},
-    "fedktl": {"server_epochs": 2},
-}
-
-
-def _loop(name, family, kind, trainer, rounds=2, seed=0):
-    caps = ALGORITHMS[name].capabilities
-    # the tiny domain-shift scenario carries public photos; label-skew ones get them when the method needs them
-    public = {"public": "photos", "public_size": 64, "public_batch_size": 32} if caps.needs_public_data and kind == "label_skew" else {}
-    scenario = SCENARIOS[kind](**public)
-    scenario.setup()
-    architectures = [resolve_family(family)[c % len(resolve_family(family))] for c in range(scenario.num_clients)]
-    return FederationLoop(
-        ALGORITHMS[name](**FAST.get(name, {})),
-        scenario,
-        architectures,
-        trainer,
-        rounds=rounds,
-        seed=seed,
-        feature_dim=16 if caps.common_feature_dim else None,
-        family_name=family,
-    )
+# head, backward), and every shipped config is parsed and validated in tests/test_cli.py. Budgets
+# whose paper defaults take minutes (pretraining, server epochs) shrink to a few steps
+# (``helpers.FAST``); the contract is about shapes, types, sizes and state, not convergence.
+CASES = [
+    (name, tiny_family(name), kind)
+    for name in list_algorithms()
+    for kind in ALGORITHMS[name].capabilities.scenario_kinds
+]
 
 
 @pytest.mark.parametrize("name,family,kind", CASES)
 def test_method_contract(name, family, kind, cpu_trainer):
+    """Two rounds finish with finite metrics, declared payload types and sizes, and a round-tripping client state."""
     rounds = 2
-    loop = _loop(name, family, kind, cpu_trainer, rounds=rounds)
+    loop = tiny_loop(name, kind, family, cpu_trainer, rounds=rounds)
     algorithm = loop.algorithm
     summary = loop.run()
     headline = ["acc_intra", "acc_inter"] if kind == "domain_shift" else ["acc_local", "acc_global"]
@@ -70,11 +44,7 @@ def test_method_contract(name, family, kind, cpu_trainer):
         assert math.isfinite(summary["final"][key]) and 0.0 <= summary["final"][key] <= 100.0
     assert all(math.isfinite(r["train/loss"]) for r in loop.history)
     # uploads: declared type and measured size
-    result = loop.runtime.fit_client(
-        __import__("fedhet.federation.runtime", fromlist=["ClientTask"]).ClientTask(
-            0, rounds, loop.store.get(0), loop.server.download_for(0)
-        )
-    )
+    result = loop.runtime.fit_client(ClientTask(0, rounds, loop.store.get(0), loop.server.download_for(0)))
     if algorithm.upload_type is None:
         # nothing uploaded after local training; a lock-step phase exchanges (and counts) per-batch outputs
         assert result.upload is None
@@ -95,22 +65,14 @@ def test_method_contract(name, family, kind, cpu_trainer):
         assert torch.equal(value, result.state["module"][key])
 
 
-@pytest.mark.parametrize("name", list_algorithms())
-def test_same_seed_same_numbers(name, cpu_trainer):
-    caps = ALGORITHMS[name].capabilities
-    family = "tiny2" if caps.heterogeneous_models else "tiny_homo"
-    kind = caps.scenario_kinds[0]
-    first = _loop(name, family, kind, cpu_trainer, rounds=1, seed=3).run()
-    second = _loop(name, family, kind, cpu_trainer, rounds=1, seed=3).run()
-    assert first["final"] == second["final"] and first["comm"] == second["comm"]
-
-
 def test_homogeneous_method_refuses_heterogeneous_family(cpu_trainer):
+    """A weight-averaging method refuses a family of two architectures at start-up."""
     with pytest.raises(ConfigError, match="one architecture"):
-        _loop("fedavg", "tiny2", "label_skew", cpu_trainer)
+        tiny_loop("fedavg", "label_skew", "tiny2", cpu_trainer)
 
 
 def test_feature_methods_need_one_feature_dim(cpu_trainer):
+    """A feature-exchanging method refuses backbones of different feature sizes, pointing at feature_dim."""
     scenario = SCENARIOS["label_skew"]()
     scenario.setup()
     with pytest.raises(ConfigError, match="feature_dim"):

@@ -16,14 +16,19 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "adding_a_method.md"
 
 
 def test_adding_a_method_example_runs():
+    """The example method of docs/adding_a_method.md runs two rounds and sends one head per client."""
     code = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
     namespace: dict = {}
     exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102 - our own documentation
     scenario = tiny_label_skew()
     scenario.setup()
     loop = FederationLoop(
-        namespace["FedHead"](lr=0.05), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"],
-        TrainerTemplate(max_epochs=1, accelerator="cpu"), rounds=2, feature_dim=16,
+        namespace["FedHead"](lr=0.05),
+        scenario,
+        ["cnn_tiny", "mlp_tiny", "cnn_tiny"],
+        TrainerTemplate(max_epochs=1, accelerator="cpu"),
+        rounds=2,
+        feature_dim=16,
     )
     summary = loop.run()
     head = loop.server.download_for(0)
@@ -45,8 +50,11 @@ def _homogeneous_loop(algorithm, rounds=2):
     scenario = tiny_label_skew()
     scenario.setup()
     return FederationLoop(
-        algorithm, scenario, ["cnn_tiny"] * scenario.num_clients,
-        TrainerTemplate(max_epochs=1, accelerator="cpu"), rounds=rounds,
+        algorithm,
+        scenario,
+        ["cnn_tiny"] * scenario.num_clients,
+        TrainerTemplate(max_epochs=1, accelerator="cpu"),
+        rounds=rounds,
     )
 
 
@@ -71,7 +79,9 @@ def test_two_stage_client_example_trains_each_stage():
     loop = _homogeneous_loop(_doc_block(2)["HeadThenBody"](lr=0.05), rounds=1)
     loop.run()
     record = loop.history[-1]
-    assert torch.isfinite(torch.tensor(record["train/loss"])) and torch.isfinite(torch.tensor(record["train/body_loss"]))
+    assert torch.isfinite(torch.tensor(record["train/loss"])) and torch.isfinite(
+        torch.tensor(record["train/body_loss"])
+    )
     optimizers = loop.store.get(0)["optimizer"]
     assert set(optimizers) == {"head", "body"}
     assert "exp_avg" in next(iter(optimizers["head"][0]["state"].values()))  # Adam on the head

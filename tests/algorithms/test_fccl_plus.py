@@ -1,24 +1,34 @@
-"""FCCL+ and FCCL mechanics: lock-step collaboration, teacher snapshots, averaging, pretraining."""
+"""FCCL+: hand-computed FNTD local loss and FCCM + FISL collaboration, lock-step batches, teacher snapshots."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from fedhet.algorithms.fccl import FCCL, FCCLClient
 from fedhet.algorithms.fccl_plus import CrossCorrelationCollaboration, FCCLPlus, FCCLPlusClient, PublicOutputsPayload
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation import FederationLoop
 from fedhet.federation.runtime import ClientTask
 from fedhet.federation.trainer import TrainerTemplate
 from fedhet.models import create_model
+from tests.algorithms.helpers import TinyLinear
 from tests.conftest import tiny_domain_shift
+
+# three public samples; with an identity body the features (and, with an identity head, the logits) are X
+X = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
 
 
 def _loop(algorithm, architectures=("cnn_tiny", "mlp_tiny", "cnn_tiny"), rounds=1, seed=0):
     scenario = tiny_domain_shift()  # 3 clients, 32 private images each, 64 public images in batches of 32
     return FederationLoop(
-        algorithm, scenario, list(architectures), TrainerTemplate(max_epochs=1, accelerator="cpu"), rounds=rounds, seed=seed
+        algorithm,
+        scenario,
+        list(architectures),
+        TrainerTemplate(max_epochs=1, accelerator="cpu"),
+        rounds=rounds,
+        seed=seed,
     )
 
 
@@ -27,6 +37,7 @@ def _client(name, seed):
 
 
 def test_averaged_targets_carry_no_gradient_to_other_clients():
+    """One client's collaborative loss back-propagates into its own model only."""
     clients = [_client("cnn_tiny", 0), _client("mlp_tiny", 1)]
     phase = CrossCorrelationCollaboration(clients)
     losses = phase.collaborative_losses(torch.randn(8, 3, 16, 16))
@@ -36,19 +47,18 @@ def test_averaged_targets_carry_no_gradient_to_other_clients():
 
 
 def test_exchanged_bytes_follow_the_spec():
+    """Per client and public batch, Z (B x C) and S (B x (B-1)) go up and their means come down."""
     loop = _loop(FCCLPlus())
     tasks = [ClientTask(c, 0, None, None) for c in range(3)]
-    result = loop.runtime.collaborate(0, tasks)
+    result = loop.runtime.collaborate(tasks)
     # 2 public batches of B = 32, C = 10, K = 3: per client and batch Z (B x C) and S (B x (B-1))
     # float32 up, and Zbar, Sbar down
     expected = 3 * 2 * (32 * 10 + 32 * 31) * 4
     assert result.bytes_up == expected and result.bytes_down == expected
-    fccl = _loop(FCCL(pretrain_epochs=0))
-    fccl.runtime.collaborate(0, tasks)  # clients not pretrained yet: nothing exchanged
-    assert fccl.runtime.collaborate(0, tasks).bytes_up == 0
 
 
 def test_invalid_public_outputs_are_rejected():
+    """Non-finite or wrongly shaped public outputs are refused naming the participant."""
     good = PublicOutputsPayload(logits=torch.zeros(4, 10), similarity=torch.zeros(4, 3))
     good.validate_shape(4, 10, True, "participant 0")
     with pytest.raises(TrainingError, match="non-finite"):
@@ -85,14 +95,17 @@ class RecordingCollaboration(CrossCorrelationCollaboration):
 
 
 class RecordingFCCLPlus(FCCLPlus):
+    """FCCL+ whose collaborative phase records the batches it sees."""
+
     def build_collaborative_phase(self, clients):
         return RecordingCollaboration(clients)
 
 
 def test_all_clients_receive_the_identical_public_batch():
+    """Every participant's feature extractor sees the same augmented public batch, a new one per step."""
     RecordingCollaboration.seen = []
     loop = _loop(RecordingFCCLPlus())
-    loop.runtime.collaborate(0, [ClientTask(c, 0, None, None) for c in range(3)])
+    loop.runtime.collaborate([ClientTask(c, 0, None, None) for c in range(3)])
     assert len(RecordingCollaboration.seen) == 2
     for batch in RecordingCollaboration.seen:
         assert len(batch) == 3 and all(torch.equal(batch[0], other) for other in batch[1:])
@@ -100,6 +113,7 @@ def test_all_clients_receive_the_identical_public_batch():
 
 
 def test_teacher_is_the_model_after_local_updating():
+    """After a round the stored teacher equals the model at the end of local updating."""
     loop = _loop(FCCLPlus())
     loop.run()
     for cid in range(3):
@@ -115,18 +129,21 @@ def test_teacher_is_the_model_after_local_updating():
 
 
 def test_homogeneous_variant_makes_all_models_equal_after_collaboration():
+    """The homogeneous variant averages all models after collaborating, keeping each client's teacher."""
     loop = _loop(FCCLPlus(average_after_collaboration=True), architectures=("cnn_tiny",) * 3)
-    states = loop.runtime.collaborate(0, [ClientTask(c, 0, None, None) for c in range(3)]).states
+    states = loop.runtime.collaborate([ClientTask(c, 0, None, None) for c in range(3)]).states
     models = [{k: v for k, v in s["module"].items() if k.startswith("model.")} for s in states]
     for key, value in models[0].items():
         assert all(torch.equal(value, other[key]) for other in models[1:]), key
     # the teachers stay each client's own (different initialisations)
-    assert not torch.equal(states[0]["module"]["previous_model.head.weight"], states[1]["module"]["previous_model.head.weight"])
+    teachers = [s["module"]["previous_model.head.weight"] for s in states]
+    assert not torch.equal(teachers[0], teachers[1])
     with pytest.raises(ConfigError, match="one architecture"):
         _loop(FCCLPlus(average_after_collaboration=True))
 
 
 def test_local_learning_rate_decays_per_round():
+    """The local Adam's learning rate follows the authors' linear per-round decay."""
     client = _client("cnn_tiny", 0)
     client.round_idx, client.total_rounds = 5, 10
     # 1e-3 * (1 - 0.9 * 4 / 10) = 6.4e-4
@@ -134,26 +151,55 @@ def test_local_learning_rate_decays_per_round():
     assert client.configure_optimizers().param_groups[0]["weight_decay"] == 1e-5
 
 
-def test_fccl_pretrains_once_and_collaborates_afterwards(monkeypatch):
-    calls = []
-    original = FCCLClient.pretrain
+def test_fccl_plus_local_loss_is_ce_plus_tau_squared_fntd_by_hand():
+    """CE + tau^2 sum_{u != y} p_T^u log(p_T^u / p_S^u), temperature softmax over all 3 classes, tau = 2."""
+    head = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    client = FCCLPlusClient(TinyLinear(head=head), 3, temperature=2.0)
+    with torch.no_grad():
+        client.previous_model.head.weight.copy_(torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]))
+    x, y = torch.tensor([[1.0, 2.0]]), torch.tensor([0])
+    student, teacher = [1.0, 2.0, 3.0], [2.0, 1.0, 0.0]  # head x and previous head x
 
-    def counting(self, batches):
-        calls.append(self.round_idx)
-        original(self, batches)
+    def softmax(logits, tau):
+        exps = [math.exp(v / tau) for v in logits]
+        return [e / sum(exps) for e in exps]
 
-    monkeypatch.setattr(FCCLClient, "pretrain", counting)
-    loop = _loop(FCCL(pretrain_epochs=1), rounds=2)
-    loop.run()
-    assert calls == [0, 0, 0]  # each client once, in its first local update, never in round 1
-    assert [r["comm/bytes_up"] for r in loop.history] == [0.0, 3 * 2 * 32 * 10 * 4]  # FCCM only: Z up
-    for cid in range(3):
-        state = loop.store.get(cid)["module"]
-        assert bool(state["pretrained"])
-        assert not torch.equal(state["pretrained_model.head.weight"], state["model.head.weight"])
+    p_s, p_t = softmax(student, 2.0), softmax(teacher, 2.0)
+    fntd = 4.0 * sum(p_t[u] * math.log(p_t[u] / p_s[u]) for u in (1, 2))
+    ce = -math.log(softmax(student, 1.0)[0])
+    assert client.local_loss((x, y)).item() == pytest.approx(ce + fntd, rel=1e-6)
+    # the renormalised form softmaxes the non-target logits only
+    client.fntd_renormalize = True
+    q_s, q_t = softmax(student[1:], 2.0), softmax(teacher[1:], 2.0)
+    renormalised = 4.0 * sum(q_t[u] * math.log(q_t[u] / q_s[u]) for u in (0, 1))
+    assert client.local_loss((x, y)).item() == pytest.approx(ce + renormalised, rel=1e-6)
+    # the KD ablation keeps the target class too
+    client.fntd_renormalize, client.local_distillation = False, "kd"
+    kd = 4.0 * sum(p_t[u] * math.log(p_t[u] / p_s[u]) for u in (0, 1, 2))
+    assert client.local_loss((x, y)).item() == pytest.approx(ce + kd, rel=1e-6)
 
 
-def test_same_seed_same_numbers():
-    first = _loop(FCCLPlus(), seed=3).run()
-    second = _loop(FCCLPlus(), seed=3).run()
-    assert first["final"] == second["final"] and first["comm"] == second["comm"]
+def test_fccl_plus_collaborative_loss_is_fccm_plus_weighted_fisl_by_hand():
+    """FCCM to the mean logits plus omega * KL(softmax(Sbar) || softmax(S_i)) of the instance similarities."""
+    clients = [
+        FCCLPlusClient(TinyLinear(), 2),
+        FCCLPlusClient(TinyLinear(body=torch.diag(torch.tensor([1.0, 2.0]))), 2),  # features X diag(1, 2)
+    ]
+    phase = CrossCorrelationCollaboration(clients, fisl_weight=3.0, similarity_temperature=1.0)
+    losses = phase.collaborative_losses(X)
+    # logits: A = X, B = X diag(1, 2); per column they standardise alike, so M = corr(X) (B - 1)/B:
+    # [[2/3, 1/3], [1/3, 2/3]] and FCCM = 2 (1/3)^2 + 2 * 0.0051 * (1/3 + 1)^2
+    fccm = 2 * (1 / 3) ** 2 + 2 * 0.0051 * (4 / 3) ** 2
+    # off-diagonal cosine similarities of the three samples' features, row by row (mu = 1)
+    r2, r5 = 1 / math.sqrt(2), 1 / math.sqrt(5)
+    similarity_a = torch.tensor([[0.0, -r2], [0.0, -r2], [-r2, -r2]])
+    similarity_b = torch.tensor([[0.0, -r5], [0.0, -2 * r5], [-r5, -2 * r5]])
+    target = torch.softmax((similarity_a + similarity_b) / 2, dim=1)
+
+    def fisl(similarity):
+        return (target * (target.log() - torch.log_softmax(similarity, dim=1))).sum(1).mean().item()
+
+    assert losses[0].item() == pytest.approx(fccm + 3.0 * fisl(similarity_a), rel=1e-4)
+    assert losses[1].item() == pytest.approx(fccm + 3.0 * fisl(similarity_b), rel=1e-4)
+    # per client and batch: Z (3 x 2) and S (3 x 2) up, the means of both down
+    assert phase.exchanged_bytes_up == phase.exchanged_bytes_down == 2 * (3 * 2 + 3 * 2) * 4

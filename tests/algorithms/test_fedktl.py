@@ -6,14 +6,14 @@ interface, so they need no artifact and pin down exactly what the server receive
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import math
 
 import pytest
 import torch
 from torch import nn
 
 from fedhet.algorithms import fedktl
-from fedhet.algorithms.base import ClientUpload, ServerContext
+from fedhet.algorithms.base import ClientUpload, DataFormat, ServerContext
 from fedhet.algorithms.fedktl import (
     FedKTL,
     FedKTLClient,
@@ -25,10 +25,11 @@ from fedhet.algorithms.fedktl import (
 from fedhet.errors import TrainingError
 from fedhet.federation import FederationLoop
 from fedhet.federation.payloads import ClassStatsPayload
-from fedhet.federation.trainer import TrainerTemplate
+from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
 from fedhet.functional import simplex_etf
 from fedhet.models import create_model
 from fedhet.seeding import seeded
+from tests.algorithms.helpers import TinyLinear
 from tests.conftest import tiny_label_skew
 
 
@@ -55,6 +56,7 @@ class TinyGenerator(nn.Module):
 
 @pytest.fixture
 def tiny_generator(monkeypatch):
+    """Make FedKTL load the in-test TinyGenerator instead of a pretrained artifact."""
     generator = TinyGenerator()
     monkeypatch.setattr(fedktl, "_load_generator", lambda name: generator)
     return generator
@@ -67,8 +69,14 @@ def _client(architecture="cnn_tiny", num_classes=4, seed=0, **kwargs):
 
 
 def _context(num_classes=4):
+    """A two-client server context with ``num_classes`` classes (FedKTL's server reads nothing else)."""
     return ServerContext(
-        num_clients=2, num_classes=num_classes, architectures=("a", "b"), seed=0, initial_client_state=lambda c: {}
+        num_clients=2,
+        num_classes=num_classes,
+        architectures=("a", "b"),
+        seed=0,
+        initial_client_state=lambda c: {},
+        data_format=DataFormat(16, 3, (0.5,) * 3, (0.25,) * 3, num_classes),
     )
 
 
@@ -80,6 +88,7 @@ def _upload(client_id, values, counts):
 
 
 def test_latent_head_identical_across_architectures_and_reset_every_fit():
+    """h'_i starts from one shared initialisation on every client, is reset each fit and never stored."""
     first, second = _client("cnn_tiny", seed=1), _client("mlp_tiny", seed=2)
     weight, bias = shared_linear_init(16, 6, 123)
     # nn.Linear's default bounds: 1/sqrt(fan_in) = 1/sqrt(16) = 0.25
@@ -98,6 +107,7 @@ def test_latent_head_identical_across_architectures_and_reset_every_fit():
 
 
 def test_upload_is_unit_prototypes_of_held_classes_and_counts_their_bytes():
+    """The upload holds unit prototypes of the held classes only, |C_i| (K floats + one count) bytes."""
     client = _client().eval()
     x = torch.randn(6, 3, 16, 16)
     y = torch.tensor([0, 0, 2, 2, 2, 0])
@@ -111,6 +121,7 @@ def test_upload_is_unit_prototypes_of_held_classes_and_counts_their_bytes():
 
 
 def test_prediction_is_cosine_to_fixed_etf_and_etf_is_not_trained():
+    """Predictions are cosines to the fixed ETF, which is no parameter and identical for every client."""
     client = _client()
     assert not any(p is client.etf for p in client.parameters())
     x = torch.randn(5, 3, 16, 16)
@@ -121,6 +132,7 @@ def test_prediction_is_cosine_to_fixed_etf_and_etf_is_not_trained():
 
 
 def test_pairs_stream_gives_full_batches_and_covers_every_pair():
+    """The pair stream always returns full batches and covers every downloaded pair in each pass."""
     client = _client()
     images, latents = torch.randn(3, 3, 16, 16), torch.arange(18.0).view(3, 6)
     client.on_receive(GeneratedPairsPayload(images=images, latents=latents))
@@ -135,6 +147,7 @@ def test_pairs_stream_gives_full_batches_and_covers_every_pair():
 
 
 def test_client_rejects_pairs_of_wrong_latent_size():
+    """Pairs whose latents do not match h'_i's output size are refused."""
     client = _client()
     with pytest.raises(TrainingError, match="latents"):
         client.on_receive(GeneratedPairsPayload(images=torch.zeros(2, 3, 16, 16), latents=torch.zeros(2, 5)))
@@ -143,14 +156,11 @@ def test_client_rejects_pairs_of_wrong_latent_size():
 # ------------------------------------------------------------------ server
 
 
-def _scenario_spec(image_size=16, channels=3):
-    return SimpleNamespace(image_size=image_size, in_channels=channels, mean=(0.5,) * channels, std=(0.25,) * channels)
-
-
-def _fit(server, max_epochs=1):
-    """Fit the server as the loop does, with a client Trainer template (max_epochs > 1 must not repeat E_S)."""
-    loader = server.server_dataloader(_scenario_spec(), 1)
-    TrainerTemplate(max_epochs=max_epochs, accelerator="cpu").build().fit(server, train_dataloaders=loader)
+def _fit(server):
+    """Fit the server as the loop does: the server template with the stage's own budget (E_S passes, once)."""
+    loader = server.server_dataloader(1)
+    budget = server.refine_budget()
+    ServerTrainerTemplate(accelerator="cpu").build(budget.epochs, budget.steps).fit(server, train_dataloaders=loader)
 
 
 def _fitted_server(generator, epochs=2, **kwargs):
@@ -165,11 +175,12 @@ def _fitted_server(generator, epochs=2, **kwargs):
         ],
     )
     with seeded(1):
-        _fit(server, max_epochs=3)
+        _fit(server)
     return server
 
 
 def test_download_is_one_pair_per_class_with_paper_byte_count():
+    """The download is one (image, latent) pair per class, C (ch*h*w + H) floats, after E_S server steps."""
     server = _fitted_server(TinyGenerator())
     download = server.download_for(0)
     assert download.images.shape == (4, 3, 16, 16) and download.latents.shape == (4, 6)
@@ -180,6 +191,7 @@ def test_download_is_one_pair_per_class_with_paper_byte_count():
 
 
 def test_classes_never_uploaded_get_no_pair():
+    """Classes no client has uploaded get no generated pair."""
     server = FedKTLServer(TinyGenerator(), epochs=1)
     server.setup(_context())
     server.aggregate(0, [_upload(0, torch.eye(4), [1, 1, 0, 0])])
@@ -189,6 +201,7 @@ def test_classes_never_uploaded_get_no_pair():
 
 
 def test_final_centroids_are_class_means_of_transformed_prototypes():
+    """The latents sent are the class means of F over this round's prototypes (eval mode)."""
     server = _fitted_server(TinyGenerator())
     server.transformer.eval()
     with torch.no_grad():
@@ -200,6 +213,7 @@ def test_final_centroids_are_class_means_of_transformed_prototypes():
 
 @pytest.mark.parametrize("centroid_mode", ["learned_table", "exact_mean"])
 def test_server_training_lowers_its_loss(centroid_mode):
+    """Sixty server epochs halve the server loss in both centroid modes."""
     generator = TinyGenerator()
     server = FedKTLServer(generator, epochs=1, centroid_mode=centroid_mode)
     server.setup(_context())
@@ -218,6 +232,7 @@ def test_server_training_lowers_its_loss(centroid_mode):
 
 
 def test_server_rejects_malformed_prototypes():
+    """Prototypes of the wrong size or with NaN are refused."""
     server = FedKTLServer(TinyGenerator())
     server.setup(_context())
     with pytest.raises(TrainingError, match="shape"):
@@ -227,6 +242,7 @@ def test_server_rejects_malformed_prototypes():
 
 
 def test_server_state_round_trips_without_the_generator():
+    """The server state leaves out the frozen generator and restores the pairs and centroids exactly."""
     server = _fitted_server(TinyGenerator())
     state = server.state_dict()
     assert not any(k.startswith("generator.") for k in state) and "pair_latents" in state
@@ -238,6 +254,7 @@ def test_server_state_round_trips_without_the_generator():
 
 
 def test_to_client_images_hand_values():
+    """Generated images are mapped to [0, 1], resized, converted to the client's channels and normalised."""
     generated = torch.tensor([1.0, 1.0, -1.0]).view(1, 3, 1, 1).expand(1, 3, 2, 2)
     # [-1, 1] -> [0, 1]: (1, 1, 0); grey = mean = 2/3; normalised (2/3 - 0.5) / 0.25 = 2/3
     grey = to_client_images(generated, image_size=2, channels=1, mean=(0.5,), std=(0.25,))
@@ -261,6 +278,7 @@ def _run(algorithm, rounds=2):
 
 
 def test_mu_zero_is_exactly_the_no_transfer_ablation_and_mu_positive_is_not(tiny_generator, monkeypatch):
+    """With mu = 0 FedKTL equals the -L^M ablation bit for bit, mu > 0 differs, and h'_i starts identical."""
     _, without_mu = _run(FedKTL(mu=0.0, server_epochs=2))
     _, without_task = _run(FedKTL(use_latent_task=False, server_epochs=2))
     latent_heads_at_fit_start = []
@@ -283,6 +301,75 @@ def test_mu_zero_is_exactly_the_no_transfer_ablation_and_mu_positive_is_not(tiny
 
 
 def test_without_etf_uses_the_original_classifier_and_feature_prototypes(tiny_generator):
+    """The -ETF ablation keeps the classifier and uploads K'-dimensional feature prototypes."""
     loop, summary = _run(FedKTL(use_etf=False, server_epochs=2), rounds=1)
     assert loop.server.transformer[0].in_features == 16  # K' = feature_dim
     assert 0.0 <= summary["final"]["acc_local"] <= 100.0
+
+
+# ------------------------------------------------------------------ hand-computed losses
+
+
+def test_client_loss_is_arcface_plus_mu_latent_regression_by_hand():
+    """ArcFace on cosines to the ETF (s = 2, m = 0.5) plus mu * MSE(h'(f(image)), latent) on the downloaded pair."""
+    etf = torch.tensor([[1.0, -1.0], [0.0, 0.0]])  # K = 2, C = 2: class vectors e1 and -e1
+    client = FedKTLClient(TinyLinear(), 2, etf=etf, latent_dim=2, latent_head_seed=0, scale=2.0, margin=0.5, mu=0.5)
+    with torch.no_grad():  # h_i (the projection in the head's place) and h'_i set to identities
+        for layer in (client.model.head, client.latent_head):
+            layer.weight.copy_(torch.eye(2))
+            layer.bias.zero_()
+    x, y = torch.tensor([[1.0, 1.0]]), torch.tensor([0])
+    # projection [1, 1]: cosines (1/sqrt 2, -1/sqrt 2); target logit s cos(pi/4 + m), other s * (-1/sqrt 2)
+    target, other = 2.0 * math.cos(math.pi / 4 + 0.5), -2.0 / math.sqrt(2.0)
+    arcface = math.log1p(math.exp(other - target))
+    assert client.local_loss((x, y)).item() == pytest.approx(arcface, rel=1e-6)
+    assert torch.allclose(client(x), torch.tensor([[1 / math.sqrt(2), -1 / math.sqrt(2)]]), atol=1e-6)
+    # one pair: image features [2, 0] (an image of shape [2, 1, 1]), latent [1, 1]: MSE = (1 + 1) / 2
+    client.on_receive(GeneratedPairsPayload(images=torch.tensor([2.0, 0.0]).view(1, 2, 1, 1), latents=torch.ones(1, 2)))
+    assert client.local_loss((x, y)).item() == pytest.approx(arcface + 0.5 * 1.0, rel=1e-6)
+
+
+class FixedLatents(TinyGenerator):
+    """A two-dimensional latent space whose samples are always (0, 0), (1, 1), ..."""
+
+    latent_dim = 2
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)
+        self.to_image = nn.Linear(self.latent_dim, self.out_channels * self.resolution**2).requires_grad_(False)
+
+    def sample_w(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        return torch.arange(n, dtype=torch.float32).unsqueeze(1).expand(n, self.latent_dim).clone()
+
+
+def test_server_loss_is_mmd_plus_centroid_mse_by_hand():
+    """MMD^2 (one RBF bandwidth) of F(P) against the generator's latents plus lambda = 0.5 times the centroid MSE."""
+    server = FedKTLServer(
+        FixedLatents(), prototype_dim=2, centroid_weight=0.5, epochs=1, batch_size=2, mmd_bandwidths=(1.0,)
+    )
+    server.setup(_context(num_classes=2))
+    with torch.no_grad():  # F = Linear(I) -> BatchNorm (fresh) -> ReLU -> Linear(I)
+        for layer in (server.transformer[0], server.transformer[3]):
+            layer.weight.copy_(torch.eye(2))
+            layer.bias.zero_()
+    server.aggregate(0, [_upload(0, torch.eye(2), [3, 1])])
+    # centroids start as the eval-mode class means: BatchNorm's running statistics (0, 1) leave P / sqrt(1 + eps)
+    assert torch.allclose(server.centroids.weight, torch.eye(2), atol=1e-5)
+    with torch.no_grad():
+        server.centroids.weight.copy_(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+    losses = server.server_losses(torch.tensor([0, 1]))
+    # train-mode BatchNorm over the two prototypes: (P - 0.5) / sqrt(0.25 + eps) -> ReLU -> d I, d = 0.99998
+    d = 0.5 / math.sqrt(0.25 + 1e-5)
+    mapped, latents = [(d, 0.0), (0.0, d)], [(0.0, 0.0), (1.0, 1.0)]
+
+    def kernel(a, b):
+        return math.exp(-((a[0] - b[0]) ** 2 + (a[1] - b[1]) ** 2) / 2.0)
+
+    def mean_kernel(first, second):
+        return sum(kernel(a, b) for a in first for b in second) / (len(first) * len(second))
+
+    mmd = mean_kernel(mapped, mapped) + mean_kernel(latents, latents) - 2 * mean_kernel(mapped, latents)
+    mse = (d**2 + 1.0 + 1.0 + d**2) / 4  # mapped d I against centroids [[0, 1], [1, 0]]
+    assert losses["mmd"].item() == pytest.approx(mmd, rel=1e-5)
+    assert losses["mse"].item() == pytest.approx(mse, rel=1e-5)
+    assert losses["loss"].item() == pytest.approx(mmd + 0.5 * mse, rel=1e-5)

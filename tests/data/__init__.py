@@ -1,0 +1,1 @@
+"""Tests of the data layer: embedded datasets, partitioners, scenarios and tensor loaders."""

@@ -15,6 +15,7 @@ from fedhet.errors import DataError, FedhetError
 
 
 def test_registry_lists_embedded_and_paper_datasets() -> None:
+    """The registry lists embedded and paper datasets and refuses a second registration of a name."""
     names = list_datasets()
     assert {"mnist", "uci", "mnistm", "syn", "photos", "cifar10"} <= set(names)
     with pytest.raises(ValueError, match="already registered"):
@@ -22,6 +23,7 @@ def test_registry_lists_embedded_and_paper_datasets() -> None:
 
 
 def test_unknown_dataset_lists_the_known_names() -> None:
+    """An unknown dataset name is a one-line DataError listing the known names."""
     with pytest.raises(DataError, match="unknown dataset 'svhn'.*mnistm") as error:
         load_dataset("svhn")
     assert isinstance(error.value, FedhetError) and "\n" not in str(error.value)
@@ -29,6 +31,7 @@ def test_unknown_dataset_lists_the_known_names() -> None:
 
 @pytest.mark.parametrize("size", [16, 24])
 def test_load_dataset_resizes_once(embedded: dict[str, DomainSplits], size: int) -> None:
+    """load_dataset resizes the uint8 images to the requested size and keeps the labels."""
     splits = load_dataset("syn", image_size=size)
     assert splits.train.x.shape == (3000, 3, size, size) and splits.train.x.dtype == torch.uint8
     assert torch.equal(splits.train.y, embedded["syn"].train.y)
@@ -38,6 +41,7 @@ def test_load_dataset_resizes_once(embedded: dict[str, DomainSplits], size: int)
 
 
 def test_resize_images_is_antialiased_and_keeps_constants() -> None:
+    """Resizing keeps constant images exact, averages a checkerboard to grey, handles empty batches."""
     constant = torch.full((2, 3, 32, 32), 77, dtype=torch.uint8)
     assert torch.equal(resize_images(constant, 8), torch.full((2, 3, 8, 8), 77, dtype=torch.uint8))
     checker = ((torch.arange(32)[:, None] + torch.arange(32)[None, :]) % 2 * 255).to(torch.uint8)
@@ -62,6 +66,7 @@ def write_fake_cifar10(folder: Path, per_batch: int = 6) -> None:
 
 
 def test_cifar10_loads_from_torchvision_layout(tmp_path: Path) -> None:
+    """CIFAR-10 loads from torchvision's python batches (channel-major rows), from either root."""
     write_fake_cifar10(tmp_path / "cifar-10-batches-py")
     splits = load_dataset("cifar10", root=str(tmp_path), image_size=32)
     assert splits.train.x.shape == (30, 3, 32, 32) and splits.test.x.shape == (6, 3, 32, 32)
@@ -77,6 +82,7 @@ def test_cifar10_loads_from_torchvision_layout(tmp_path: Path) -> None:
 
 
 def test_cifar10_missing_root_says_where_to_put_it(tmp_path: Path) -> None:
+    """A missing CIFAR-10 root is a one-line error saying what to put where."""
     with pytest.raises(DataError) as error:
         load_dataset("cifar10", root=str(tmp_path))
     message = str(error.value)
@@ -87,6 +93,7 @@ def test_cifar10_missing_root_says_where_to_put_it(tmp_path: Path) -> None:
 
 
 def test_cifar10_malformed_batch_is_a_data_error(tmp_path: Path) -> None:
+    """An unreadable CIFAR-10 batch file is a DataError naming the file."""
     folder = tmp_path / "cifar-10-batches-py"
     write_fake_cifar10(folder)
     (folder / "test_batch").write_bytes(b"garbage")
@@ -95,6 +102,7 @@ def test_cifar10_malformed_batch_is_a_data_error(tmp_path: Path) -> None:
 
 
 def test_require_root_checks_required_files(tmp_path: Path) -> None:
+    """require_root accepts a folder with the required files and names what is missing otherwise."""
     (tmp_path / "a.txt").write_text("x")
     assert require_root(str(tmp_path), "toy", "a.txt", ["a.txt"]) == tmp_path
     with pytest.raises(DataError, match="dataset 'toy' not found under .*expected a.txt and b.txt"):

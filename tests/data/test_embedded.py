@@ -30,15 +30,18 @@ TEST_SIZES = {"mnist": 1000, "uci": 500, "mnistm": 1000, "syn": 1000}
 
 
 def digests(images: np.ndarray) -> set[str]:
+    """SHA-1 of every image, to compare image sets across splits and builds."""
     return {hashlib.sha1(image.tobytes()).hexdigest() for image in images}
 
 
 @pytest.fixture(scope="module")
 def small_build() -> dict[str, np.ndarray]:
+    """A small embedded build for seed 0 (built once per module)."""
     return build_embedded(0, **SMALL)
 
 
 def test_all_domains_have_the_documented_sizes_shapes_and_ranges(embedded: dict[str, DomainSplits]) -> None:
+    """Every embedded domain has the documented split sizes, uint8 3x32x32 images and labels in range."""
     assert list(embedded) == list(EMBEDDED_NAMES)
     expected_train = {"mnist": 1000, "uci": 1297, "mnistm": 2000, "syn": 3000, "photos": 5000}
     for name, splits in embedded.items():
@@ -52,6 +55,7 @@ def test_all_domains_have_the_documented_sizes_shapes_and_ranges(embedded: dict[
 
 
 def test_test_splits_are_exactly_class_balanced(embedded: dict[str, DomainSplits]) -> None:
+    """Digit test splits hold exactly size/10 images per class; photos are unlabelled (-1)."""
     for name in DIGIT_DOMAINS:
         counts = np.bincount(embedded[name].test.labels_numpy(), minlength=10)
         assert counts.tolist() == [TEST_SIZES[name] // 10] * 10, name
@@ -60,6 +64,7 @@ def test_test_splits_are_exactly_class_balanced(embedded: dict[str, DomainSplits
 
 
 def test_grey_domains_are_grey_and_colour_domains_are_colour(embedded: dict[str, DomainSplits]) -> None:
+    """MNIST and UCI have three equal channels; MNIST-M, SYN and photos are colour."""
     for name in ("mnist", "uci"):
         x = embedded[name].train.x
         assert (x[:, 0] == x[:, 1]).all() and (x[:, 1] == x[:, 2]).all()
@@ -69,6 +74,7 @@ def test_grey_domains_are_grey_and_colour_domains_are_colour(embedded: dict[str,
 
 
 def test_mnist_halves_are_disjoint(embedded: dict[str, DomainSplits]) -> None:
+    """MNIST and MNIST-M are built from disjoint halves of the MNIST source."""
     source = embedded_provenance(0)
     half_a = np.concatenate([source["mnist_train_source"], source["mnist_test_source"]])
     half_b = np.concatenate([source["mnistm_train_source"], source["mnistm_test_source"]])
@@ -84,6 +90,7 @@ def test_mnist_halves_are_disjoint(embedded: dict[str, DomainSplits]) -> None:
 
 
 def test_photo_sets_are_disjoint(embedded: dict[str, DomainSplits]) -> None:
+    """MNIST-M backgrounds and the public photos come from disjoint photo sets."""
     source = embedded_provenance(0)
     used_a = set(source["mnistm_train_photo"]) | set(source["mnistm_test_photo"])
     used_b = set(source["photos_train_photo"])
@@ -97,6 +104,7 @@ def test_photo_sets_are_disjoint(embedded: dict[str, DomainSplits]) -> None:
 
 
 def test_same_seed_gives_identical_bytes(embedded: dict[str, DomainSplits], small_build: dict[str, np.ndarray]) -> None:
+    """A small build's MNIST, UCI and MNIST-M are byte-identical to the full build of the same seed."""
     # Domains draw from independent streams, so MNIST, UCI and MNIST-M of a small build are
     # byte-identical to those of the full (cached) build made earlier in the session.
     for name in ("mnist", "uci", "mnistm"):
@@ -106,6 +114,7 @@ def test_same_seed_gives_identical_bytes(embedded: dict[str, DomainSplits], smal
 
 
 def test_different_seed_gives_different_data(small_build: dict[str, np.ndarray]) -> None:
+    """Another seed gives different images in every domain."""
     other = build_embedded(1, **SMALL)
     for name in ("mnist_test", "uci_test", "mnistm_test", "syn_test", "photos_train"):
         assert not np.array_equal(other[f"{name}_x"], small_build[f"{name}_x"]), name
@@ -114,6 +123,7 @@ def test_different_seed_gives_different_data(small_build: dict[str, np.ndarray])
 def test_cache_round_trip_reads_without_rebuilding(
     embedded: dict[str, DomainSplits], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A valid cache file (written atomically) is read back without rebuilding."""
     path = embedded_cache_path(0)
     assert path.is_file() and "v1" in path.name
     assert not list(path.parent.glob("*.tmp"))  # atomic write left no temporary file
@@ -131,6 +141,7 @@ def test_cache_round_trip_reads_without_rebuilding(
 def test_corrupt_cache_is_rebuilt(
     damage: str, small_build: dict[str, np.ndarray], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A garbage, truncated or outdated cache file is rebuilt instead of failing."""
     monkeypatch.setenv("FEDHET_CACHE", str(tmp_path))
     path = embedded_cache_path(0, **SMALL)
     path.parent.mkdir(parents=True)
@@ -150,5 +161,6 @@ def test_corrupt_cache_is_rebuilt(
 
 
 def test_unknown_embedded_name_is_a_data_error() -> None:
+    """An unknown embedded domain is a DataError."""
     with pytest.raises(DataError, match="unknown embedded domain"):
         load_embedded(0, names=["svhn"])

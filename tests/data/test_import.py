@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 def test_import_builds_nothing_and_touches_no_file(tmp_path: Path) -> None:
+    """Importing fedhet.data builds no dataset, loads no data source, prints and writes nothing."""
     cache = tmp_path / "cache-that-must-not-appear"
     code = (
         "import logging, sys\n"

@@ -58,13 +58,14 @@ def write_image_folder(folder: Path, counts: list[int], names: list[str] | None 
     """``folder/<class>/img_k.<ext>``; pixel value = global (class-sorted) index, so images are traceable."""
     names = names or [f"class_{c:03d}" for c in range(len(counts))]
     index = 0
-    for name, count in zip(sorted(names), counts):
+    for name, count in zip(sorted(names), counts, strict=True):
         for k in range(count):
             write_png(folder / name / f"img_{k:03d}.{ext}", index % 256)
             index += 1
 
 
 def write_cifar100(folder: Path, train: int, test: int) -> None:
+    """Write a fake CIFAR-100 python folder (fine label i % 100, coarse label fine // 5)."""
     folder.mkdir(parents=True)
     for name, count in (("train", train), ("test", test)):
         fine = [i % 100 for i in range(count)]
@@ -85,6 +86,7 @@ def write_cifar100(folder: Path, train: int, test: int) -> None:
 
 
 def test_every_paper_dataset_is_registered_and_needs_a_root() -> None:
+    """All 19 paper datasets are registered and refuse to load without a local root."""
     assert set(PAPER_DATASETS) <= set(list_datasets())
     assert len(PAPER_DATASETS) == 19
     for name in PAPER_DATASETS:
@@ -109,6 +111,7 @@ def test_every_paper_dataset_is_registered_and_needs_a_root() -> None:
     ],
 )
 def test_missing_files_name_the_layout_in_one_line(tmp_path: Path, name: str, layout: str) -> None:
+    """A root without the files is a one-line error naming the dataset and its expected layout."""
     with pytest.raises(DataError) as error:
         load_dataset(name, root=str(tmp_path))
     message = str(error.value)
@@ -122,6 +125,7 @@ def test_missing_files_name_the_layout_in_one_line(tmp_path: Path, name: str, la
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_mnist_reads_torchvision_idx_layout(tmp_path: Path, compress: bool) -> None:
+    """MNIST loads from torchvision's raw IDX files (plain or gzipped) as replicated grey images."""
     write_mnist_like(tmp_path / "MNIST" / "raw", [3, 1, 4, 1, 5], [9, 2], compress)
     splits = load_dataset("digits_mnist", root=str(tmp_path), image_size=28)
     assert splits.train.x.shape == (5, 3, 28, 28) and splits.train.x.dtype == torch.uint8
@@ -134,6 +138,7 @@ def test_mnist_reads_torchvision_idx_layout(tmp_path: Path, compress: bool) -> N
 
 
 def test_fashion_mnist_reads_its_own_folder(tmp_path: Path) -> None:
+    """Fashion-MNIST reads FashionMNIST/raw, and MNIST does not pick that folder up."""
     write_mnist_like(tmp_path / "FashionMNIST" / "raw", [0, 9, 9], [7], compress=True)
     splits = load_dataset("fashion_mnist", root=str(tmp_path), image_size=28)
     assert splits.train.y.tolist() == [0, 9, 9] and splits.test.y.tolist() == [7]
@@ -142,6 +147,7 @@ def test_fashion_mnist_reads_its_own_folder(tmp_path: Path) -> None:
 
 
 def test_idx_with_a_wrong_magic_is_rejected(tmp_path: Path) -> None:
+    """IDX files with a wrong type code or truncated data are refused with a fix-it hint."""
     path = tmp_path / "labels"
     path.write_bytes(bytes([0, 0, 0x0D, 1]) + struct.pack(">I", 2) + b"\x00" * 8)  # float32 type code
     with pytest.raises(DataError, match="not a 1-d unsigned-byte IDX file .*re-extract"):
@@ -156,6 +162,7 @@ def _usps_line(label: int, pixels: dict[int, float]) -> str:
 
 
 def test_usps_reads_libsvm_bz2_and_maps_pixels(tmp_path: Path) -> None:
+    """USPS loads from libsvm bz2 files: labels 1..10 to 0..9, pixels [-1, 1] to [0, 255], sparse zeros."""
     dense_black = {i: -1.0 for i in range(1, 257)}
     dense_white = {i: 1.0 for i in range(1, 257)}
     # sparse line: only pixel 1 given (libsvm zeros elsewhere -> (0 + 1) / 2 * 255 = 127)
@@ -174,6 +181,7 @@ def test_usps_reads_libsvm_bz2_and_maps_pixels(tmp_path: Path) -> None:
 
 
 def test_usps_bad_label_or_index_is_a_data_error(tmp_path: Path) -> None:
+    """A USPS line with a bad label or a zero feature index is a DataError naming the line."""
     for line, match in (("11 1:0.5", "label 11, expected 1..10"), ("2 0:0.5", "line 1 is not 'label index:value")):
         with bz2.open(tmp_path / "usps.bz2", "wt") as stream:
             stream.write(line + "\n")
@@ -182,6 +190,7 @@ def test_usps_bad_label_or_index_is_a_data_error(tmp_path: Path) -> None:
 
 
 def test_svhn_reads_mat_files_and_maps_label_10_to_0(tmp_path: Path) -> None:
+    """SVHN loads from .mat files in HWCN order to NCHW, label 10 becoming 0."""
     scipy_io = pytest.importorskip("scipy.io")
     for name, labels in (("train_32x32.mat", [10, 1, 5]), ("test_32x32.mat", [2])):
         x = np.zeros((32, 32, 3, len(labels)), dtype=np.uint8)
@@ -197,6 +206,7 @@ def test_svhn_reads_mat_files_and_maps_label_10_to_0(tmp_path: Path) -> None:
 
 
 def test_syn_reads_train_and_val_image_folders(tmp_path: Path) -> None:
+    """SynDigits loads train and val image folders, one class per folder."""
     digits = [str(d) for d in range(10)]
     write_image_folder(tmp_path / "syn" / "train", [2] * 10, digits)
     write_image_folder(tmp_path / "syn" / "val", [1] * 10, digits)
@@ -208,6 +218,7 @@ def test_syn_reads_train_and_val_image_folders(tmp_path: Path) -> None:
 
 
 def test_syn_with_a_missing_class_folder_is_rejected(tmp_path: Path) -> None:
+    """SynDigits with 9 class folders instead of 10 is refused."""
     write_image_folder(tmp_path / "syn" / "train", [1] * 9, [str(d) for d in range(9)])
     write_image_folder(tmp_path / "syn" / "val", [1] * 10, [str(d) for d in range(10)])
     with pytest.raises(DataError, match="holds 9 class folders, expected 10"):
@@ -220,12 +231,14 @@ def test_syn_with_a_missing_class_folder_is_rejected(tmp_path: Path) -> None:
 
 
 def test_office_split_is_the_intended_i_mod_10_rule() -> None:
+    """The Office split puts positions with i % 10 > 7 in the test set."""
     train, test = office_split(23)
     assert test.tolist() == [8, 9, 18, 19]
     assert train.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22]
 
 
 def test_office_caltech_split_is_disjoint_stratified_and_deterministic(tmp_path: Path) -> None:
+    """Office-Caltech's split is disjoint, about 20% per class, and independent of the seed."""
     counts = [10, 12, 9, 15, 11, 10, 10, 13, 10, 20]  # 120 images, pixel value = folder index
     write_image_folder(tmp_path / "OfficeCaltech" / "amazon", counts, ext="jpg")
     first = load_dataset("office_caltech_amazon", root=str(tmp_path), seed=0, image_size=32)
@@ -244,6 +257,7 @@ def test_office_caltech_split_is_disjoint_stratified_and_deterministic(tmp_path:
 
 
 def write_office31(root: Path, per_class: int = 2) -> None:
+    """Write fake Office-31 domains (amazon in the archive's images/ layout), per_class images per class."""
     names = [f"obj_{c:02d}" for c in range(31)]
     write_image_folder(root / "Office31" / "amazon" / "images", [per_class] * 31, names)  # archive layout
     write_image_folder(root / "Office31" / "dslr", [per_class] * 31, names)
@@ -251,6 +265,7 @@ def write_office31(root: Path, per_class: int = 2) -> None:
 
 
 def test_office31_domain_shift_scenario_sets_up(tmp_path: Path) -> None:
+    """A domain-shift scenario over the three Office-31 domains sets up with the requested sizes."""
     write_office31(tmp_path, per_class=5)  # 155 images per domain: 125 train / 30 test (i % 10 > 7)
     scenario = DomainShiftScenario(
         domains=list(OFFICE31_DOMAINS),
@@ -270,6 +285,7 @@ def test_office31_domain_shift_scenario_sets_up(tmp_path: Path) -> None:
 
 
 def test_office_home_accepts_the_real_world_folder_with_a_space(tmp_path: Path) -> None:
+    """Office-Home's 'Real World' folder (with a space) loads and splits 53 / 12."""
     write_image_folder(tmp_path / "OfficeHomeDataset_10072016" / "Real World", [1] * 65)
     splits = load_dataset("office_home_real_world", root=str(tmp_path), image_size=8)
     assert splits.num_classes == 65 and len(splits.train) + len(splits.test) == 65
@@ -282,6 +298,7 @@ def test_office_home_accepts_the_real_world_folder_with_a_space(tmp_path: Path) 
 
 
 def test_cifar100_reads_fine_labels(tmp_path: Path) -> None:
+    """CIFAR-100 uses the fine labels and loads from either root."""
     write_cifar100(tmp_path / "cifar-100-python", train=250, test=100)
     splits = load_dataset("cifar100", root=str(tmp_path), image_size=32)
     assert splits.num_classes == 100 and splits.train.x.shape == (250, 3, 32, 32)
@@ -292,6 +309,7 @@ def test_cifar100_reads_fine_labels(tmp_path: Path) -> None:
 
 
 def test_cifar100_label_skew_pooled_75_25_sets_up(tmp_path: Path) -> None:
+    """A CIFAR-100 label-skew scenario pooling train and test (75/25) sets up."""
     write_cifar100(tmp_path / "cifar-100-python", train=1000, test=200)
     scenario = LabelSkewScenario(
         dataset="cifar100",
@@ -318,6 +336,7 @@ def test_cifar100_label_skew_pooled_75_25_sets_up(tmp_path: Path) -> None:
 
 
 def test_cifar100_as_public_data_has_its_labels_dropped(tmp_path: Path) -> None:
+    """CIFAR-100 used as public data has all its labels set to -1."""
     write_cifar100(tmp_path / "cifar-100-python", train=120, test=10)
     write_office31(tmp_path, per_class=2)
     scenario = DomainShiftScenario(
@@ -334,6 +353,7 @@ def test_cifar100_as_public_data_has_its_labels_dropped(tmp_path: Path) -> None:
 
 
 def write_tiny_imagenet(root: Path) -> list[str]:
+    """Write a fake Tiny-ImageNet-200 folder (wnids.txt in reverse order, three val images); returns the wnids."""
     folder = root / "tiny-imagenet-200"
     wnids = [f"n{index:08d}" for index in range(200)]
     (folder).mkdir(parents=True)
@@ -351,6 +371,7 @@ def write_tiny_imagenet(root: Path) -> list[str]:
 
 
 def test_tiny_imagenet_val_labels_come_from_the_annotations(tmp_path: Path) -> None:
+    """Tiny-ImageNet's val labels come from val_annotations.txt, in wnids.txt's sorted order."""
     write_tiny_imagenet(tmp_path)
     splits = load_dataset("tiny_imagenet", root=str(tmp_path), image_size=64)
     assert splits.num_classes == 200 and splits.train.x.shape == (200, 3, 64, 64)
@@ -360,6 +381,7 @@ def test_tiny_imagenet_val_labels_come_from_the_annotations(tmp_path: Path) -> N
 
 
 def test_tiny_imagenet_annotation_with_unknown_wnid_is_rejected(tmp_path: Path) -> None:
+    """A val annotation with an unknown wnid is a DataError naming the line."""
     write_tiny_imagenet(tmp_path)
     path = tmp_path / "tiny-imagenet-200" / "val" / "val_annotations.txt"
     path.write_text("val_0.JPEG\tn99999999\t0\t0\t1\t1\n")
@@ -368,6 +390,7 @@ def test_tiny_imagenet_annotation_with_unknown_wnid_is_rejected(tmp_path: Path) 
 
 
 def test_flowers102_reads_mat_files_and_jpg_folder(tmp_path: Path) -> None:
+    """Flowers-102 loads labels and the train+val / test split from its .mat files (1-based)."""
     scipy_io = pytest.importorskip("scipy.io")
     folder = tmp_path / "flowers-102"
     labels = [1, 102, 5, 5, 77, 3]  # 1-based, image_00001 .. image_00006
@@ -385,6 +408,7 @@ def test_flowers102_reads_mat_files_and_jpg_folder(tmp_path: Path) -> None:
 
 
 def test_flowers102_missing_image_names_the_file(tmp_path: Path) -> None:
+    """A Flowers-102 image listed in the split but missing is a DataError naming the file."""
     scipy_io = pytest.importorskip("scipy.io")
     folder = tmp_path / "flowers-102"
     write_png(folder / "jpg" / "image_00001.jpg", 1)

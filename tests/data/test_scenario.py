@@ -36,12 +36,14 @@ def assert_disjoint_within_sources(indices: dict[str, np.ndarray]) -> dict[str, 
 
 @pytest.fixture(scope="module")
 def domain_shift(embedded: dict[str, DomainSplits]) -> DomainShiftScenario:
+    """Eight clients, two per Digits domain, with their private sizes and 1000 public photos."""
     scenario = DomainShiftScenario(clients_per_domain=2, private_sizes=[150, 80, 600, 500], public_size=1000)
     scenario.setup()
     return scenario
 
 
 def test_domain_shift_defaults_match_the_benchmark(embedded: dict[str, DomainSplits]) -> None:
+    """The default domain-shift scenario has the benchmark's domains, client sizes and test sets."""
     scenario = DomainShiftScenario()
     assert scenario.kind == "domain_shift"
     assert scenario.domains == ["mnist", "uci", "mnistm", "syn"]
@@ -59,6 +61,7 @@ def test_domain_shift_defaults_match_the_benchmark(embedded: dict[str, DomainSpl
 
 
 def test_domain_shift_clients_of_a_domain_share_eval_sets(domain_shift: DomainShiftScenario) -> None:
+    """Clients of one domain share that domain's test and validation sets."""
     assert domain_shift.num_clients == 8
     for client_id in range(8):
         data = domain_shift.client_data(client_id)
@@ -72,6 +75,7 @@ def test_domain_shift_clients_of_a_domain_share_eval_sets(domain_shift: DomainSh
 
 
 def test_domain_shift_splits_are_disjoint(domain_shift: DomainShiftScenario, embedded: dict[str, DomainSplits]) -> None:
+    """Client, validation, test and public splits never share an image, and the served data is the recorded one."""
     indices = domain_shift.split_indices()
     assert_disjoint_within_sources(indices)
     # the recorded indices really are the served images
@@ -82,6 +86,7 @@ def test_domain_shift_splits_are_disjoint(domain_shift: DomainShiftScenario, emb
 
 
 def test_domain_shift_subsets_and_resizing(embedded: dict[str, DomainSplits]) -> None:
+    """Without private sizes a client gets the whole pool; test sets are balanced; images are resized."""
     scenario = DomainShiftScenario(
         domains=["uci", "syn"], private_sizes=None, test_per_domain=100, val_per_domain=50, public=None, image_size=16
     )
@@ -93,6 +98,7 @@ def test_domain_shift_subsets_and_resizing(embedded: dict[str, DomainSplits]) ->
 
 
 def test_seed_changes_splits_but_not_the_data(embedded: dict[str, DomainSplits]) -> None:
+    """The seed changes the client splits but not the fixed test split."""
     kwargs = dict(domains=["mnist"], private_sizes=[100], public=None)
     first = DomainShiftScenario(seed=0, **kwargs).split_indices()
     again = DomainShiftScenario(seed=0, **kwargs).split_indices()
@@ -103,6 +109,7 @@ def test_seed_changes_splits_but_not_the_data(embedded: dict[str, DomainSplits])
 
 
 def test_public_list_mixes_pools_in_equal_shares(embedded: dict[str, DomainSplits]) -> None:
+    """A list of public pools is mixed in equal shares (the remainder to the first), unlabelled."""
     kwargs = dict(domains=["uci"], private_sizes=[10], public_size=301, image_size=16)
     mixed = DomainShiftScenario(public=["uci", "photos"], **kwargs).public_data()
     assert mixed is not None and len(mixed) == 301 and (mixed.y == -1).all()
@@ -119,6 +126,7 @@ def test_public_list_mixes_pools_in_equal_shares(embedded: dict[str, DomainSplit
 
 
 def test_domain_shift_errors(embedded: dict[str, DomainSplits]) -> None:
+    """Impossible sizes, mismatched lists, unknown or unlabelled domains are one-line DataErrors."""
     with pytest.raises(DataError, match="lower private_sizes, clients_per_domain or val_per_domain"):
         DomainShiftScenario(domains=["mnist"], private_sizes=[900], public=None).setup()
     with pytest.raises(DataError, match="give one size per domain"):
@@ -143,6 +151,7 @@ def test_domain_shift_errors(embedded: dict[str, DomainSplits]) -> None:
 def test_label_skew_splits_are_disjoint_and_cover_the_pool(
     embedded: dict[str, DomainSplits], pool_train_test: bool
 ) -> None:
+    """Label-skew splits are disjoint, cover the pool, and give each client 25% test and 10% validation."""
     partitioner = DirichletPartitioner(0.5, min_size=20)
     scenario = LabelSkewScenario(num_clients=5, partitioner=partitioner, pool_train_test=pool_train_test)
     assert scenario.kind == "label_skew" and scenario.domains == ["mnist"]
@@ -161,6 +170,7 @@ def test_label_skew_splits_are_disjoint_and_cover_the_pool(
 
 
 def test_label_skew_local_splits_follow_the_client_distribution(embedded: dict[str, DomainSplits]) -> None:
+    """A client's local test set holds only classes of its own training split."""
     scenario = LabelSkewScenario(num_clients=10, partitioner=PathologicalPartitioner(classes_per_client=2))
     for client_id in range(10):
         data = scenario.client_data(client_id)
@@ -170,6 +180,7 @@ def test_label_skew_local_splits_follow_the_client_distribution(embedded: dict[s
 
 
 def test_label_skew_errors(embedded: dict[str, DomainSplits]) -> None:
+    """Too large global sets, unreachable partitions or a bad test fraction are one-line DataErrors."""
     with pytest.raises(DataError, match="lower global_test_size or global_val_size"):
         LabelSkewScenario(global_test_size=1900, global_val_size=200).setup()
     with pytest.raises(DataError, match="in 3 draws .*raise beta, lower min_size or num_clients"):
@@ -183,6 +194,7 @@ def test_label_skew_errors(embedded: dict[str, DomainSplits]) -> None:
 
 
 def test_describe_is_json_able(domain_shift: DomainShiftScenario, embedded: dict[str, DomainSplits]) -> None:
+    """A scenario's description (clients, domains, counts, public data) serialises to JSON."""
     described = json.loads(json.dumps(domain_shift.describe()))
     assert described["kind"] == "domain_shift" and described["num_clients"] == 8
     assert described["clients"][2]["domain"] == "uci" and described["clients"][2]["train"] == 80
@@ -195,6 +207,7 @@ def test_describe_is_json_able(domain_shift: DomainShiftScenario, embedded: dict
 
 
 def test_loaders(domain_shift: DomainShiftScenario) -> None:
+    """Train loaders are seeded float batches; evaluation loaders keep the set's order."""
     train = domain_shift.train_loader(0, seed=5)
     assert isinstance(train, TensorBatchLoader) and len(train) == 3  # 150 images, batch 64
     x, y = next(iter(train))
@@ -207,12 +220,13 @@ def test_loaders(domain_shift: DomainShiftScenario) -> None:
     assert public is not None and len(public) == 4  # 1000 images, batch 256
     first = [x for x, _ in public]
     same = [x for x, _ in domain_shift.public_loader(seed=1)]  # every client sees the same augmented batch
-    assert all(torch.equal(a, b) for a, b in zip(first, same))
+    assert all(torch.equal(a, b) for a, b in zip(first, same, strict=True))
     unaugmented = TensorBatchLoader(domain_shift.public_data(), 256, shuffle=True, seed=1)
     assert not torch.equal(first[0], next(iter(unaugmented))[0])  # weak augmentation is applied
 
 
 def test_train_loader_never_ends_with_a_single_image_batch(embedded: dict[str, DomainSplits]) -> None:
+    """A trailing batch of a single image is dropped from training (BatchNorm)."""
     scenario = DomainShiftScenario(domains=["uci"], private_sizes=[65], public=None, batch_size=64)
     loader = scenario.train_loader(0, seed=0)
     assert [len(y) for _, y in loader] == [64]
@@ -241,6 +255,7 @@ class _LinearClassifier(pl.LightningModule):
 
 
 def test_client_datamodule_trains_standalone(embedded: dict[str, DomainSplits]) -> None:
+    """A client's LightningDataModule trains and tests a model under a plain Trainer."""
     scenario = DomainShiftScenario(
         domains=["mnist", "syn"], private_sizes=[64, 64], public=None, image_size=16, augment=True
     )

@@ -21,15 +21,18 @@ from fedhet.errors import DataError
 
 
 def make_data(n: int = 50, channels: int = 3, size: int = 8) -> TensorData:
+    """``n`` uint8 images with distinct pixel patterns and labels ``i % 10``."""
     x = (torch.arange(n * channels * size * size) % 256).to(torch.uint8).reshape(n, channels, size, size)
     return TensorData(x=x, y=torch.arange(n, dtype=torch.int64) % 10)
 
 
 def batches(loader: TensorBatchLoader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One pass over ``loader``, batches copied."""
     return [(x.clone(), y.clone()) for x, y in loader]
 
 
 def test_tensor_data_validates_and_subsets() -> None:
+    """TensorData reports its shape and class counts, subsets and concatenates, and validates its inputs."""
     data = make_data(10)
     assert len(data) == 10 and data.image_shape == (3, 8, 8) and data.is_labeled
     sub = data.subset([3, 1])
@@ -44,6 +47,7 @@ def test_tensor_data_validates_and_subsets() -> None:
 
 
 def test_loader_yields_normalised_batches_and_len() -> None:
+    """The loader's length and batch sizes follow batch_size and drop_last; batches are normalised floats."""
     data = make_data(50)
     loader = TensorBatchLoader(data, batch_size=16, shuffle=False, seed=0)
     assert len(loader) == 4
@@ -57,6 +61,7 @@ def test_loader_yields_normalised_batches_and_len() -> None:
 
 
 def test_normalisation_matches_hand_computed_values() -> None:
+    """Per-channel normalisation of uint8 images matches hand-computed values."""
     x = torch.zeros(2, 3, 2, 2, dtype=torch.uint8)
     x[1] = 255
     x[0, 1] = 51  # 0.2 after scaling
@@ -74,6 +79,7 @@ def test_normalisation_matches_hand_computed_values() -> None:
 
 
 def test_loader_is_deterministic_and_varies_by_epoch() -> None:
+    """Same seed, same batches and augmentations; each epoch is a new permutation of every image."""
     data = make_data(64)
     augment = Compose([RandomCropPad(2), RandomHorizontalFlip()])
     first = TensorBatchLoader(data, 16, shuffle=True, seed=7, augment=augment)
@@ -81,7 +87,7 @@ def test_loader_is_deterministic_and_varies_by_epoch() -> None:
     epoch0, epoch1 = batches(first), batches(first)
     assert first.epoch == 2
     replay0, replay1 = batches(second), batches(second)
-    for (xa, ya), (xb, yb) in zip(epoch0 + epoch1, replay0 + replay1):
+    for (xa, ya), (xb, yb) in zip(epoch0 + epoch1, replay0 + replay1, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     order0 = torch.cat([y for _, y in epoch0])
     order1 = torch.cat([y for _, y in epoch1])
@@ -92,6 +98,7 @@ def test_loader_is_deterministic_and_varies_by_epoch() -> None:
 
 
 def test_random_crop_pad_shifts_with_zero_fill() -> None:
+    """RandomCropPad is a shift of the zero-padded image within the padding."""
     images = torch.rand(32, 3, 6, 6) + 1.0  # strictly positive, so padding shows as zeros
     out = RandomCropPad(2)(images, torch.Generator().manual_seed(0))
     assert out.shape == images.shape
@@ -109,11 +116,12 @@ def test_random_crop_pad_shifts_with_zero_fill() -> None:
 
 
 def test_horizontal_flip_flips_a_random_subset() -> None:
+    """RandomHorizontalFlip flips some images and keeps the others unchanged."""
     images = torch.rand(64, 1, 4, 4)
     out = RandomHorizontalFlip()(images, torch.Generator().manual_seed(0))
     flipped = [torch.equal(out[i], images[i].flip(-1)) for i in range(64)]
     kept = [torch.equal(out[i], images[i]) for i in range(64)]
-    assert all(f or k for f, k in zip(flipped, kept))
+    assert all(f or k for f, k in zip(flipped, kept, strict=True))
     assert 10 < sum(flipped) < 54
 
 
@@ -131,6 +139,7 @@ class _TinyModule(pl.LightningModule):
 
 
 def test_lightning_fit_accepts_loader_without_worker_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning trains on the loader for two epochs without a num_workers warning."""
     # Pretend to be a 16-core machine, where Lightning suggests num_workers for DataLoaders.
     monkeypatch.setattr(
         "lightning.pytorch.trainer.connectors.data_connector.suggested_max_num_workers", lambda _: 15

@@ -1,0 +1,1 @@
+"""Tests of the round loop, client runtime, state stores and payload noise."""

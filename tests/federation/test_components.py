@@ -11,6 +11,7 @@ from fedhet.federation.state import DiskStateStore, MemoryStateStore
 
 
 def test_payload_nbytes_is_measured():
+    """Payload sizes are the tensors' bytes; class statistics count only the classes held."""
     p = WeightsPayload(weights={"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.float64)}, num_examples=7)
     assert p.nbytes() == 3 * 4 * 4 + 5 * 8
     stats = ClassStatsPayload(values=torch.zeros(10, 64), counts=torch.tensor([3, 0, 1, 0, 0, 0, 0, 0, 0, 2]))
@@ -18,6 +19,7 @@ def test_payload_nbytes_is_measured():
 
 
 def test_payload_validation_rejects_nan_and_shape():
+    """Validation rejects NaN, shapes and keys that differ from the reference."""
     bad = WeightsPayload(weights={"a": torch.tensor([1.0, float("nan")])})
     with pytest.raises(TrainingError, match="non-finite"):
         bad.validate("client 3")
@@ -32,6 +34,7 @@ def test_payload_validation_rejects_nan_and_shape():
 
 
 def test_sampling_fraction_count_and_determinism():
+    """Participation as a fraction or a count; the sample is sorted, seeded per round and validated."""
     assert clients_per_round(20, 1.0) == 20
     assert clients_per_round(20, 0.5) == 10
     assert clients_per_round(20, 3) == 3
@@ -50,6 +53,7 @@ def _state(v):
 
 @pytest.mark.parametrize("kind", ["memory", "disk"])
 def test_state_store_commit_and_restore(kind, tmp_path):
+    """Staged states become visible on commit; a restore drops a round that never committed."""
     store = MemoryStateStore() if kind == "memory" else DiskStateStore(tmp_path)
     assert store.get(0) is None
     store.put(0, 0, _state(1))
@@ -66,6 +70,7 @@ def test_state_store_commit_and_restore(kind, tmp_path):
 
 
 def test_disk_store_corrupt_file_is_a_clear_error(tmp_path):
+    """A corrupt client state file raises a CheckpointError that says so."""
     store = DiskStateStore(tmp_path)
     store.put(3, 0, _state(1))
     store.commit(0)
@@ -75,6 +80,7 @@ def test_disk_store_corrupt_file_is_a_clear_error(tmp_path):
 
 
 def test_ledger_totals():
+    """The ledger reports per-round, per-client and running totals of bytes up and down."""
     ledger = CommunicationLedger()
     ledger.start_round()
     ledger.record_up(100)

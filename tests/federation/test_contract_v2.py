@@ -51,7 +51,10 @@ def test_feddf_server_refines_heterogeneous_per_architecture_averages():
     assert loop.history[-1]["server/distill_loss"] > 0
     assert 0.0 <= summary["final"]["acc_server"] <= 100.0 and "acc_server" in summary["last3"]
     download = loop.server.download_for(1)
-    assert isinstance(download, WeightsPayload) and download.weights.keys() == loop.runtime.build_network("mlp_tiny", 0).state_dict().keys()
+    assert (
+        isinstance(download, WeightsPayload)
+        and download.weights.keys() == loop.runtime.build_network("mlp_tiny", 0).state_dict().keys()
+    )
 
 
 def test_feddf_server_refuses_a_base_without_weight_averaging():
@@ -66,7 +69,13 @@ def test_feddf_server_refuses_a_base_without_weight_averaging():
 def test_server_stage_budget_ignores_client_trainer_limits():
     """trainer.max_steps and limit_train_batches cut client fits, never the server's generator steps."""
     trainer = TrainerTemplate(max_epochs=1, max_steps=2, limit_train_batches=1, accelerator="cpu")
-    loop = _loop(FedGen(generator_steps=7), rounds=1, architectures=["cnn_tiny", "mlp_tiny", "cnn_tiny"], trainer=trainer, feature_dim=16)
+    loop = _loop(
+        FedGen(generator_steps=7),
+        rounds=1,
+        architectures=["cnn_tiny", "mlp_tiny", "cnn_tiny"],
+        trainer=trainer,
+        feature_dim=16,
+    )
     loop.run()
     assert loop.server.steps_done == 7
 
@@ -74,7 +83,9 @@ def test_server_stage_budget_ignores_client_trainer_limits():
 # ------------------------------------------------------------------ declared state
 def test_received_modules_are_neither_kept_nor_overwritten():
     """FedGen's generator is received, not kept: it is not in the stored state and survives a state load."""
-    loop = _loop(FedGen(generator_steps=2), rounds=1, architectures=["cnn_tiny", "mlp_tiny", "cnn_tiny"], feature_dim=16)
+    loop = _loop(
+        FedGen(generator_steps=2), rounds=1, architectures=["cnn_tiny", "mlp_tiny", "cnn_tiny"], feature_dim=16
+    )
     loop.run()
     state = loop.store.get(0)["module"]
     assert state and not any(k.startswith("generator.") for k in state)
@@ -215,7 +226,11 @@ def test_drop_policy_continues_without_the_bad_upload():
     loop = _poisoned_loop(upload_norm_bound=10.0, on_invalid_upload="drop")
     loop.run()
     assert loop.history[-1]["comm/dropped_uploads"] == 1
-    assert all(torch.isfinite(t).all() and t.abs().max() < 1e6 for t in loop.server.global_weights.values() if t.is_floating_point())
+    assert all(
+        torch.isfinite(t).all() and t.abs().max() < 1e6
+        for t in loop.server.global_weights.values()
+        if t.is_floating_point()
+    )
 
 
 def test_integer_typed_weights_are_refused():

@@ -54,6 +54,7 @@ class _StopAfter:
 
 @pytest.mark.parametrize("store_kind", ["memory", "disk"])
 def test_resume_after_round_two_equals_uninterrupted(store_kind, tmp_path):
+    """A run killed after round 2 and resumed from its checkpoint ends with the uninterrupted results."""
     def store(name):
         return DiskStateStore(tmp_path / name) if store_kind == "disk" else None
 
@@ -76,12 +77,14 @@ def test_resume_after_round_two_equals_uninterrupted(store_kind, tmp_path):
 
 
 def test_disk_store_gives_the_same_numbers_as_memory(tmp_path):
+    """Keeping client states on disk gives the same final metrics as in memory."""
     memory = _loop(FedAvg(lr=0.05), rounds=2, architectures=["cnn_tiny"] * 3).run()
     disk = _loop(FedAvg(lr=0.05), rounds=2, architectures=["cnn_tiny"] * 3, store=DiskStateStore(tmp_path)).run()
     assert memory["final"] == disk["final"]
 
 
 def test_optimizer_state_survives_rounds():
+    """Momentum buffers are stored with the client and carried to the next round (unless turned off)."""
     loop = _loop(Local(lr=0.05, momentum=0.9), rounds=2)
     loop.run()
     state = loop.store.get(0)["optimizer"]
@@ -95,6 +98,7 @@ def test_optimizer_state_survives_rounds():
 
 
 def test_partial_participation_trains_only_sampled_clients():
+    """With one participant per round only the sampled client gets a stored state."""
     loop = _loop(Local(lr=0.05), rounds=1, participation=1)
     loop.run()
     trained = [cid for cid in range(3) if loop.store.get(cid) is not None]
@@ -102,6 +106,7 @@ def test_partial_participation_trains_only_sampled_clients():
 
 
 def test_nan_loss_is_a_clear_error():
+    """A diverged client (non-finite loss) stops the run with a TrainingError."""
     loop = _loop(Local(lr=1e30), rounds=1)
     with pytest.raises(TrainingError, match="non-finite"):
         loop.run()
@@ -115,11 +120,11 @@ class _ConsensusPhase(CollaborativePhase):
 
     def collaborative_losses(self, x: Tensor) -> list[Tensor]:
         logits = [client(x) for client in self.clients]
-        consensus = torch.stack([l.detach() for l in logits]).mean(0)
+        consensus = torch.stack([z.detach() for z in logits]).mean(0)
         type(self).seen_batches.append(x[:1, 0, 0, 0].clone())
-        self.exchanged_bytes_up += sum(l.numel() * l.element_size() for l in logits)
+        self.exchanged_bytes_up += sum(z.numel() * z.element_size() for z in logits)
         self.exchanged_bytes_down += consensus.numel() * consensus.element_size() * len(logits)
-        return [F.l1_loss(l, consensus) for l in logits]
+        return [F.l1_loss(z, consensus) for z in logits]
 
 
 class _Consensus(Algorithm):
@@ -131,6 +136,7 @@ class _Consensus(Algorithm):
 
 
 def test_collaborative_phase_steps_all_clients_on_the_same_batches():
+    """The lock-step phase takes one step per public batch for all clients and counts its bytes."""
     scenario = tiny_domain_shift()
     loop = _loop(_Consensus(lr=0.05), rounds=1, scenario=scenario)
     _ConsensusPhase.seen_batches = []
@@ -144,6 +150,7 @@ def test_collaborative_phase_steps_all_clients_on_the_same_batches():
 
 
 def test_collaborative_losses_do_not_leak_gradients_across_clients():
+    """One client's collaborative loss leaves the other clients' gradients empty."""
     scenario = tiny_domain_shift()
     scenario.setup()
     loop = _loop(_Consensus(lr=0.05), rounds=1, scenario=scenario)
@@ -192,6 +199,7 @@ class _Distill(Algorithm):
 
 
 def test_trainable_server_phase_is_fitted_each_round():
+    """A trainable server phase is fitted on its own data every round, one step per batch."""
     scenario = tiny_domain_shift()
     loop = _loop(_Distill(lr=0.05), rounds=2, scenario=scenario)
     summary = loop.run()

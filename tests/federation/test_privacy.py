@@ -15,6 +15,7 @@ from tests.conftest import tiny_label_skew
 
 
 def test_noise_std_is_p_times_s_per_tensor_kind_and_counts_are_untouched():
+    """Noise std is coefficient x scale (images have their own), seeded, and integer counts stay exact."""
     noise = PayloadNoise(scale=0.05, coefficient=0.2, image_scale=0.2, image_coefficient=0.5)
     values = torch.zeros(200, 100)
     counts = torch.arange(200)
@@ -30,6 +31,7 @@ def test_noise_std_is_p_times_s_per_tensor_kind_and_counts_are_untouched():
 
 
 def test_zero_noise_is_the_identity_and_negative_settings_are_rejected():
+    """Zero noise leaves a payload unchanged; a negative scale is a configuration error."""
     payload = ClassStatsPayload(values=torch.randn(3, 4), counts=torch.tensor([1, 0, 2]))
     assert torch.equal(PayloadNoise(0.0, 0.0, 0.0, 0.0).perturb(payload, 0).values, payload.values)
     with pytest.raises(ConfigError, match="scale"):
@@ -55,6 +57,7 @@ def _prototypes(loop):
 
 
 def test_loop_perturbs_uploads_and_downloads_reproducibly():
+    """Upload and download noise change what the server aggregates, reproducibly for a seed."""
     clean = _fedproto_loop()
     clean_summary = clean.run()
     silent = _fedproto_loop(upload_noise=PayloadNoise(0, 0, 0, 0), download_noise=PayloadNoise(0, 0, 0, 0))

@@ -1,0 +1,1 @@
+"""Tests of the pure loss and aggregation functions against hand-computed values."""

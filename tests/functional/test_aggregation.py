@@ -7,6 +7,7 @@ from fedhet.functional import aggregate_class_means, class_means, proximal_term,
 
 
 def test_weighted_average_hand_values():
+    """The weighted average of two states by hand; an integer buffer keeps its common value and dtype."""
     a = {"w": torch.tensor([0.0, 2.0]), "b": torch.tensor(1.0), "n": torch.tensor(4)}
     b = {"w": torch.tensor([4.0, 6.0]), "b": torch.tensor(5.0), "n": torch.tensor(4)}
     out = weighted_average([a, b], [1, 3])
@@ -17,12 +18,14 @@ def test_weighted_average_hand_values():
 
 
 def test_weighted_average_three_clients_fractional_weights():
+    """Weights are normalised: 10/20/70 give 0.1/0.2/0.7."""
     states = [{"w": torch.tensor([1.0])}, {"w": torch.tensor([2.0])}, {"w": torch.tensor([7.0])}]
     out = weighted_average(states, [10, 20, 70])
     assert out["w"].item() == pytest.approx(0.1 * 1 + 0.2 * 2 + 0.7 * 7)
 
 
 def test_weighted_average_rejects_bad_weights():
+    """A zero total weight or a weight count that differs from the states is a ValueError."""
     with pytest.raises(ValueError):
         weighted_average([{"w": torch.zeros(1)}], [0])
     with pytest.raises(ValueError):
@@ -30,6 +33,7 @@ def test_weighted_average_rejects_bad_weights():
 
 
 def test_aggregate_class_means_with_missing_classes():
+    """Class means are averaged over the clients holding each class, absent rows ignored."""
     # client 1 holds classes 0 and 1 (1 and 2 examples); client 2 holds class 0 (3 examples) only;
     # nobody holds class 2.
     v1 = torch.tensor([[1.0, 1.0], [5.0, 5.0], [0.0, 0.0]])
@@ -46,6 +50,7 @@ def test_aggregate_class_means_with_missing_classes():
 
 
 def test_class_means():
+    """Per-class means and counts by hand, absent classes zero."""
     values = torch.tensor([[1.0, 0.0], [3.0, 2.0], [5.0, 5.0]])
     means, counts = class_means(values, torch.tensor([0, 0, 2]), 3)
     assert torch.equal(means, torch.tensor([[2.0, 1.0], [0.0, 0.0], [5.0, 5.0]]))
@@ -53,6 +58,7 @@ def test_class_means():
 
 
 def test_proximal_term_and_gradient():
+    """The proximal term is the squared distance and its gradient 2 (w - w_t)."""
     w = torch.tensor([1.0, 2.0], requires_grad=True)
     ref = torch.tensor([0.5, 0.0])
     term = proximal_term([w], [ref])

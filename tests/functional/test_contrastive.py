@@ -17,6 +17,7 @@ from fedhet.functional import (
 
 
 def test_model_contrastive_loss_on_2d_vectors_by_hand():
+    """MOON's loss on two 2-d samples, worked by hand from their cosines."""
     # sample 1: z=[3,4], z_glob=[4,3] -> cos = 24/25 = 0.96; z_prev=[-3,-4] -> cos = -1
     # sample 2: z=[1,0], z_glob=[0,2] -> cos = 0;            z_prev=[5,0]  -> cos = 1
     z = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
@@ -30,12 +31,14 @@ def test_model_contrastive_loss_on_2d_vectors_by_hand():
 
 
 def test_model_contrastive_loss_is_log2_when_positive_and_negative_agree():
+    """Identical positive and negative representations give log 2 for any temperature."""
     z = torch.tensor([[1.0, 2.0]])
     # global and previous representation identical: the two logits tie, l = log 2 for any tau
     assert model_contrastive_loss(z, z * 3, z * 3, temperature=0.1).item() == pytest.approx(math.log(2.0), abs=1e-6)
 
 
 def test_model_contrastive_loss_gradient_reaches_only_the_local_features():
+    """The gradient reaches the local features, not the (detached) global ones."""
     z = torch.tensor([[1.0, 0.0]], requires_grad=True)
     z_glob = torch.tensor([[0.0, 1.0]], requires_grad=True)
     z_prev = torch.tensor([[1.0, 1.0]])
@@ -44,6 +47,7 @@ def test_model_contrastive_loss_gradient_reaches_only_the_local_features():
 
 
 def test_prototypical_contrastive_loss_two_classes_by_hand():
+    """FedProc's InfoNCE against two prototypes, worked by hand from cosines."""
     features = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     labels = torch.tensor([0, 1])
     prototypes = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
@@ -60,6 +64,7 @@ def test_prototypical_contrastive_loss_two_classes_by_hand():
 
 
 def test_prototypical_contrastive_loss_ignores_missing_prototypes():
+    """A class without a prototype drops its samples and is no negative."""
     features = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]])
     labels = torch.tensor([0, 1, 2])
     # class 2 has no prototype: sample 2 is dropped and c2 (garbage) is not a negative,
@@ -73,6 +78,7 @@ def test_prototypical_contrastive_loss_ignores_missing_prototypes():
 
 
 def test_restricted_softmax_scale_missing_and_proportional():
+    """FedRS's class scales under the paper's and the official code's rule; alpha is validated."""
     counts = torch.tensor([10, 0, 5, 0])
     assert restricted_softmax_scale(counts, 0.5).tolist() == [1.0, 0.5, 1.0, 0.5]
     # proportional: 0.25 + 0.75 * n / 10 -> [1, 0.25, 0.625, 0.25]
@@ -83,6 +89,7 @@ def test_restricted_softmax_scale_missing_and_proportional():
 
 
 def test_restricted_logits_scale_missing_classes_and_change_the_softmax():
+    """Restricted logits scale the missing classes and change the softmax as computed by hand."""
     logits = torch.tensor([[2.0, 4.0, -1.0]])
     scale = restricted_softmax_scale(torch.tensor([3, 0, 1]), 0.5)
     restricted = restricted_logits(logits, scale)
@@ -93,6 +100,7 @@ def test_restricted_logits_scale_missing_classes_and_change_the_softmax():
 
 
 def test_fedproc_alpha_decays_linearly_from_one_to_zero():
+    """FedProc's alpha goes 1, 0.75, ..., 0 over the rounds and stays 0 after them."""
     assert [fedproc_alpha(t, 5) for t in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
     assert fedproc_alpha(0, 1) == 1.0
     assert fedproc_alpha(7, 5) == 0.0

@@ -23,6 +23,7 @@ LN2 = math.log(2.0)
 
 
 def test_logit_consensus_is_the_mean_and_carries_no_gradient():
+    """The consensus is the mean of the logits and carries no gradient."""
     a = torch.tensor([[1.0, 3.0], [0.0, 2.0]], requires_grad=True)
     b = torch.tensor([[3.0, -1.0], [4.0, 0.0]], requires_grad=True)
     c = torch.tensor([[2.0, 1.0], [-1.0, 1.0]], requires_grad=True)
@@ -33,6 +34,7 @@ def test_logit_consensus_is_the_mean_and_carries_no_gradient():
 
 
 def test_digest_loss_l1_and_mse_by_hand():
+    """FedMD's L1 and MSE digest losses by hand; an unknown kind is a ValueError."""
     logits = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
     target = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
     # differences 1, 2, 2, -2: L1 = (1 + 2 + 2 + 2) / 4 = 1.75, MSE = (1 + 4 + 4 + 4) / 4 = 3.25
@@ -43,6 +45,7 @@ def test_digest_loss_l1_and_mse_by_hand():
 
 
 def test_digest_gradient_reaches_only_the_student():
+    """The digest gradient is sign(z - t) / n on the student only."""
     student = torch.tensor([[1.0, 2.0]], requires_grad=True)
     other = torch.tensor([[3.0, 0.0]], requires_grad=True)
     digest_loss(student, logit_consensus([student, other]), "l1").backward()
@@ -52,6 +55,7 @@ def test_digest_gradient_reaches_only_the_student():
 
 
 def test_kl_to_target_batchmean_by_hand():
+    """The KL to a target is summed over classes and averaged over samples (batchmean)."""
     # student softmax of (0, 0) is (1/2, 1/2); target (1, 0): KL = 1 * ln(1 / 0.5) = ln 2 per row;
     # target (1/2, 1/2): KL = 0. batchmean over 2 rows: ln 2 / 2
     student = torch.zeros(2, 2)
@@ -60,6 +64,7 @@ def test_kl_to_target_batchmean_by_hand():
 
 
 def test_ensemble_distillation_loss_by_hand_with_temperature():
+    """FedDF's loss by hand at T = 1, and T^2 times the same KL at T = 2."""
     # ensemble logits (ln 3, 0): softmax = (3/4, 1/4); student (0, 0): (1/2, 1/2)
     # KL = 3/4 ln(3/2) + 1/4 ln(1/2) = 0.75 * 0.405465 - 0.25 * 0.693147 = 0.130812
     ensemble = torch.tensor([[math.log(3.0), 0.0]])
@@ -71,6 +76,7 @@ def test_ensemble_distillation_loss_by_hand_with_temperature():
 
 
 def test_symmetric_cross_entropy_on_a_three_class_example():
+    """SCE = 0.1 CE + RCE with log(1e-4) for the clamped zeros, by hand."""
     # softmax = (1/2, 1/4, 1/4), label 0
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
     labels = torch.tensor([0])
@@ -88,6 +94,7 @@ def test_symmetric_cross_entropy_on_a_three_class_example():
 
 
 def test_weighted_peer_kl_sums_each_peer_separately():
+    """RHFL's loss sums each peer's KL times its weight; weights must match the peers."""
     student = torch.zeros(1, 2)  # (1/2, 1/2)
     peer_a = torch.tensor([[math.log(3.0), 0.0]])  # (3/4, 1/4): KL = 0.130812
     peer_b = torch.zeros(1, 2)  # (1/2, 1/2): KL = 0
@@ -99,6 +106,7 @@ def test_weighted_peer_kl_sums_each_peer_separately():
 
 
 def test_weighted_peer_kl_gradient_stays_with_the_student():
+    """The peer KL's gradient reaches the student, not the peer."""
     student = torch.zeros(1, 2, requires_grad=True)
     peer = torch.tensor([[1.0, 0.0]], requires_grad=True)
     weighted_peer_kl(student, [peer], torch.tensor([1.0])).backward()
@@ -106,6 +114,7 @@ def test_weighted_peer_kl_gradient_stays_with_the_student():
 
 
 def test_client_confidence_weights_from_given_loss_decreases():
+    """CCR weights from two rounds of losses, worked by hand."""
     previous = torch.tensor([2.0, 3.0, 1.0])
     current = torch.tensor([1.0, 2.0, 1.0])
     # q = ((2-1)/1, (3-2)/2, 0/1) = (1, 0.5, 0); sum = 1.5
@@ -118,6 +127,7 @@ def test_client_confidence_weights_from_given_loss_decreases():
 
 
 def test_client_confidence_weights_without_any_change_are_uniform():
+    """Unchanged losses give uniform weights; fewer than two clients is a ValueError."""
     losses = torch.tensor([1.0, 2.0, 4.0, 8.0])
     assert torch.allclose(client_confidence_weights(losses, losses), torch.full((4,), 0.25, dtype=torch.float64))
     with pytest.raises(ValueError, match="K >= 2"):
@@ -125,6 +135,7 @@ def test_client_confidence_weights_without_any_change_are_uniform():
 
 
 def test_confident_pseudo_labels_and_masked_loss_by_hand():
+    """Pseudo-labels above the threshold, and their CE divided by the whole batch size, by hand."""
     probs = torch.tensor([[0.9, 0.05, 0.05], [0.5, 0.4, 0.1], [0.02, 0.08, 0.9]])
     labels, mask = confident_pseudo_labels(probs, threshold=0.85)
     assert labels.tolist() == [0, 0, 2] and mask.tolist() == [True, False, True]

@@ -15,6 +15,7 @@ SIMPLEX_COSINE = {3: -0.5, 4: -1.0 / 3.0, 10: -1.0 / 9.0}
 @pytest.mark.parametrize("num_classes", [3, 4, 10])
 @pytest.mark.parametrize("extra_dims", [-1, 0, 5])  # K = C - 1, K = C, K > C
 def test_simplex_etf_unit_columns_and_equal_angles(num_classes, extra_dims):
+    """A simplex ETF has unit columns with pairwise cosine -1/(C-1), also for K = C - 1."""
     dim = num_classes + extra_dims
     etf = simplex_etf(num_classes, dim, torch.Generator().manual_seed(7))
     assert etf.shape == (dim, num_classes)
@@ -27,6 +28,7 @@ def test_simplex_etf_unit_columns_and_equal_angles(num_classes, extra_dims):
 
 
 def test_simplex_etf_same_generator_seed_same_frame_and_bad_dims_refused():
+    """The same generator seed gives the same frame; too few dimensions are refused."""
     first = simplex_etf(4, 6, torch.Generator().manual_seed(3))
     second = simplex_etf(4, 6, torch.Generator().manual_seed(3))
     other = simplex_etf(4, 6, torch.Generator().manual_seed(4))
@@ -38,12 +40,14 @@ def test_simplex_etf_same_generator_seed_same_frame_and_bad_dims_refused():
 
 
 def test_etf_cosines_ignore_scale():
+    """ETF cosines normalise both the embeddings and the ETF columns."""
     etf = torch.tensor([[1.0, 0.0], [0.0, 2.0]])  # columns (1, 0) and (0, 2)
     embeddings = torch.tensor([[3.0, 4.0]])  # unit direction (0.6, 0.8)
     assert torch.allclose(etf_cosines(embeddings, etf), torch.tensor([[0.6, 0.8]]))
 
 
 def test_arcface_logits_two_class_hand_example():
+    """ArcFace adds the margin to the target angle only, scaled by s, by hand."""
     cosines = torch.tensor([[0.6, -0.6], [0.0, 1.0]])
     labels = torch.tensor([0, 1])
     logits = arcface_logits(cosines, labels, scale=2.0, margin=0.5)
@@ -55,6 +59,7 @@ def test_arcface_logits_two_class_hand_example():
 
 
 def test_arcface_without_margin_and_scale_is_cross_entropy_over_cosines():
+    """With s = 1 and m = 0 ArcFace is the plain cross-entropy over cosines."""
     cosines = torch.tensor([[0.2, -0.4, 0.9], [0.5, 0.1, -0.3]])
     labels = torch.tensor([2, 0])
     loss = F.cross_entropy(arcface_logits(cosines, labels, scale=1.0, margin=0.0), labels)
@@ -65,12 +70,14 @@ def test_arcface_without_margin_and_scale_is_cross_entropy_over_cosines():
 
 
 def test_arcface_gradient_finite_at_cosine_one():
+    """The ArcFace gradient stays finite at cosine +-1."""
     cosines = torch.tensor([[1.0, -1.0]], requires_grad=True)
     F.cross_entropy(arcface_logits(cosines, torch.tensor([0])), torch.tensor([0])).backward()
     assert torch.isfinite(cosines.grad).all()
 
 
 def test_unit_class_prototypes_hand_example():
+    """Unit prototypes normalise, average per class and normalise again, by hand."""
     embeddings = torch.tensor([[3.0, 4.0], [0.0, 2.0], [1.0, 0.0]])
     labels = torch.tensor([0, 0, 1])
     prototypes, counts = unit_class_prototypes(embeddings, labels, 3)
@@ -82,11 +89,13 @@ def test_unit_class_prototypes_hand_example():
 
 
 def test_mmd2_zero_for_identical_sets():
+    """The MMD of a set to itself is zero."""
     x = torch.tensor([[0.0, 1.0], [2.0, -1.0], [4.0, 3.0]])
     assert rbf_mmd2(x, x.clone()).abs().item() < 1e-6
 
 
 def test_mmd2_one_dimensional_two_point_sets_by_hand():
+    """MMD^2 of two 2-point sets by hand, for one and for two bandwidths."""
     x = torch.tensor([[0.0], [1.0]])
     y = torch.tensor([[0.0], [2.0]])
     # bandwidth a = 0.5: k = exp(-d^2). mean Kxx = (1 + e^-1)/2, mean Kyy = (1 + e^-4)/2,
@@ -97,6 +106,7 @@ def test_mmd2_one_dimensional_two_point_sets_by_hand():
 
 
 def test_mmd2_gradient_step_lowers_it():
+    """The MMD gradient pulls a set towards the other and a step lowers it."""
     x = torch.tensor([[0.0], [1.0]], requires_grad=True)
     y = torch.tensor([[3.0], [4.0]])
     before = rbf_mmd2(x, y, bandwidths=(1.0, 4.0))

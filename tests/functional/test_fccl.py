@@ -21,12 +21,14 @@ LAMBDA = 0.0051
 
 
 def test_batch_standardize_uses_unbiased_std():
+    """Batch standardisation divides by the unbiased std."""
     # column [1, 3]: mean 2, unbiased std sqrt(((-1)^2 + 1^2) / 1) = sqrt(2)
     out = batch_standardize(torch.tensor([[1.0], [3.0]]), eps=0.0)
     assert torch.allclose(out, torch.tensor([[-1 / math.sqrt(2)], [1 / math.sqrt(2)]]))
 
 
 def test_fccm_of_identical_logits_matches_spec_value():
+    """FCCM of identical uncorrelated logits has diagonal (B-1)/B and the spec's value."""
     # B = 4, C = 2, columns [1,-1,1,-1] and [1,1,-1,-1]: mean 0, uncorrelated, unbiased var 4/3.
     # M[u,u] = sum_b z^2 / var / B = (4 / (4/3)) / 4 = 3/4 = (B-1)/B; M[0,1] = M[1,0] = 0.
     # L = C * (1 - 3/4)^2 + lambda * 2 * (0 + 1)^2 = C / B^2 + 2 lambda = 0.125 + 0.0102
@@ -39,6 +41,7 @@ def test_fccm_of_identical_logits_matches_spec_value():
 
 
 def test_fccm_two_by_two_by_hand():
+    """FCCM of a 2 x 2 batch by hand, with the gradient on the client's logits only."""
     # B = 2: every standardised column is +-1/sqrt(2) (sign of the deviation from the mean).
     # Z columns [1,3] -> (-,+), [2,0] -> (+,-); Zbar columns [0,2] -> (-,+), [3,1] -> (+,-).
     # M[u,v] = (agreement of signs) * (1/2 + 1/2) / B = +-1/2: M = [[.5, -.5], [-.5, .5]].
@@ -53,6 +56,7 @@ def test_fccm_two_by_two_by_hand():
 
 
 def test_instance_similarity_drops_the_diagonal():
+    """Instance similarities are cosines over the temperature with the diagonal removed."""
     # rows normalise to [1,0], [0,1], [1,1]/sqrt(2); cosines: (0,1) = 0, (0,2) = (1,2) = 1/sqrt(2)
     features = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
     s = instance_similarity(features, temperature=0.5)
@@ -63,10 +67,12 @@ def test_instance_similarity_drops_the_diagonal():
 
 
 def test_instance_similarity_shape_for_different_feature_sizes():
+    """Clients with different feature sizes give similarity matrices of one shape."""
     assert instance_similarity(torch.randn(5, 7)).shape == instance_similarity(torch.randn(5, 64)).shape == (5, 4)
 
 
 def test_fisl_zero_for_equal_and_hand_value():
+    """FISL is zero for equal similarities and matches a batchmean KL by hand."""
     s = torch.randn(4, 3)
     assert fisl_loss(s, s.clone()).item() == pytest.approx(0.0, abs=1e-7)
     # S_i = 0 (uniform [.5, .5] rows); Sbar row 0 = [ln 3, 0] -> softmax [3/4, 1/4], rows 1-2 uniform.
@@ -87,11 +93,13 @@ TEACHER = [2 * math.log(2.0), 0.0, 0.0]
 
 
 def test_fntd_zero_when_student_equals_teacher():
+    """FNTD is zero when the student equals the teacher."""
     logits = torch.randn(5, 4)
     assert fntd_loss(logits, logits.clone(), torch.tensor([0, 1, 2, 3, 0]), 3.0).item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_fntd_hand_values_unnormalised():
+    """FNTD over all-class softmaxes with the target removed, times tau^2, by hand."""
     student, teacher = torch.tensor([STUDENT, STUDENT]), torch.tensor([TEACHER, TEACHER])
     # target 0: non-target terms 2 * 1/4 ln((1/4)/(1/3)) = 0.5 ln 0.75 (negative: the rows are not
     # distributions); target 1: 1/2 ln(1.5) + 1/4 ln(0.75). times tau^2 = 4, batchmean over 2 rows.
@@ -102,6 +110,7 @@ def test_fntd_hand_values_unnormalised():
 
 
 def test_fntd_hand_values_renormalised():
+    """FNTD with the non-target classes renormalised, by hand."""
     student, teacher = torch.tensor([STUDENT, STUDENT]), torch.tensor([TEACHER, TEACHER])
     # target 0: non-target teacher [1/4, 1/4] -> [1/2, 1/2] = student -> 0.
     # target 1: teacher [1/2, 1/4] -> [2/3, 1/3], student [1/2, 1/2]: 2/3 ln(4/3) + 1/3 ln(2/3).
@@ -111,6 +120,7 @@ def test_fntd_hand_values_renormalised():
 
 
 def test_fntd_target_logit_gradient():
+    """FNTD's target-logit gradient is tau (1 - p_T) p_S, and zero when renormalised."""
     # spec 3.3: d(tau^2 FNTD)/dz_S^t = tau (1 - p_T^t) p_S^t = 2 * 1/2 * 1/3 = 1/3 (one sample)
     student = torch.tensor([STUDENT], requires_grad=True)
     fntd_loss(student, torch.tensor([TEACHER]), torch.tensor([0]), TAU).backward()
@@ -121,12 +131,14 @@ def test_fntd_target_logit_gradient():
 
 
 def test_kd_hand_value():
+    """KD is tau^2 KL(p_T || p_S) over all classes, by hand."""
     # KL([1/2, 1/4, 1/4] || [1/3]*3) = 1/2 ln 1.5 + 2 * 1/4 ln 0.75, times tau^2 = 4
     loss = kd_loss(torch.tensor([STUDENT]), torch.tensor([TEACHER]), TAU)
     assert loss.item() == pytest.approx(4 * (0.5 * math.log(1.5) + 0.5 * math.log(0.75)))
 
 
 def test_dual_domain_distillation_hand_value():
+    """FCCL's dual distillation sums the two teachers' KLs at temperature 1, by hand."""
     # temperature 1: previous teacher [ln 2, 0, 0] -> [1/2, 1/4, 1/4] against uniform student;
     # pre-trained teacher equal to the student contributes 0.
     student = torch.tensor([STUDENT], requires_grad=True)
@@ -136,6 +148,7 @@ def test_dual_domain_distillation_hand_value():
 
 
 def test_linear_round_decay_lags_one_round():
+    """The authors' learning-rate decay keeps rounds 0 and 1 at lr0 and ends at 0.145 lr0 in 40 rounds."""
     # lr used in round e = lr0 (1 - 0.9 max(e-1, 0) / E); spec 2.4: round 39 of 40 uses 0.145 lr0
     assert linear_round_decay(0, 40) == 1.0
     assert linear_round_decay(1, 40) == 1.0

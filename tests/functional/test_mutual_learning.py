@@ -1,5 +1,4 @@
-"""Hand-computed checks of FML's mutual learning, FedKD's adaptive distillation and SVD compression,
-and FedGen's diversity loss."""
+"""Hand-computed checks of FML's mutual learning, FedKD's distillation and SVD compression, FedGen's diversity."""
 
 import math
 
@@ -32,6 +31,7 @@ CE_B = -math.log(0.75)
 
 
 def test_distillation_kl_two_class_hand_values():
+    """The distillation KL by hand in both directions, and HtFLlib's class-averaged form."""
     assert distillation_kl(LOGITS_A, LOGITS_B).item() == pytest.approx(0.130812, abs=1e-6)
     assert distillation_kl(LOGITS_B, LOGITS_A).item() == pytest.approx(0.143841, abs=1e-6)
     # HtFLlib's nn.KLDivLoss() default averages over the 2 classes as well
@@ -39,6 +39,7 @@ def test_distillation_kl_two_class_hand_values():
 
 
 def test_distillation_kl_target_carries_no_gradient():
+    """The KL target gets no gradient; the student's is p_student - p_target."""
     student = LOGITS_A.clone().requires_grad_(True)
     target = LOGITS_B.clone().requires_grad_(True)
     distillation_kl(student, target).backward()
@@ -48,6 +49,7 @@ def test_distillation_kl_target_carries_no_gradient():
 
 
 def test_mutual_learning_losses_hand_values():
+    """FML's two mutual-learning losses by hand, and their alpha / beta limits."""
     loss_a, loss_b = mutual_learning_losses(LOGITS_A, LOGITS_B, LABEL, alpha=0.5, beta=0.5)
     assert loss_a.item() == pytest.approx(0.5 * CE_A + 0.5 * KL_B_TO_A, abs=1e-6)  # 0.411980
     assert loss_b.item() == pytest.approx(0.5 * CE_B + 0.5 * KL_A_TO_B, abs=1e-6)  # 0.215762
@@ -57,6 +59,7 @@ def test_mutual_learning_losses_hand_values():
 
 
 def test_mutual_learning_sends_each_loss_to_its_own_model():
+    """Each mutual-learning loss back-propagates into its own model only."""
     a = LOGITS_A.clone().requires_grad_(True)
     b = LOGITS_B.clone().requires_grad_(True)
     loss_a, _ = mutual_learning_losses(a, b, LABEL)
@@ -65,12 +68,14 @@ def test_mutual_learning_sends_each_loss_to_its_own_model():
 
 
 def test_adaptive_weight_hand_values():
+    """FedKD's adaptive weight is 1 / (CE_t + CE_s)."""
     assert adaptive_distillation_weight(torch.tensor(0.5), torch.tensor(1.5)).item() == pytest.approx(0.5)
     # both models confident and right: small losses, strong distillation
     assert adaptive_distillation_weight(torch.tensor(0.05), torch.tensor(0.05)).item() == pytest.approx(10.0)
 
 
 def test_adaptive_mutual_distillation_hand_values():
+    """FedKD's teacher and student losses by hand (CE, weighted KL and hidden MSE)."""
     teacher_hidden = torch.tensor([[1.0, 2.0]])
     mapped_student_hidden = torch.tensor([[0.0, 0.0]])
     teacher_loss, student_loss = adaptive_mutual_distillation(
@@ -83,6 +88,7 @@ def test_adaptive_mutual_distillation_hand_values():
 
 
 def test_adaptive_mutual_distillation_gradients_stay_on_their_side():
+    """The teacher's loss sends no gradient to the student's logits or features."""
     t_logits = LOGITS_A.clone().requires_grad_(True)
     s_logits = LOGITS_B.clone().requires_grad_(True)
     t_hidden = torch.tensor([[1.0, 2.0]], requires_grad=True)
@@ -94,6 +100,7 @@ def test_adaptive_mutual_distillation_gradients_stay_on_their_side():
 
 
 def test_energy_rank_hand_values():
+    """The energy rank is the smallest k keeping the energy; a zero matrix has rank 0."""
     sigma = torch.tensor([3.0, 2.0, 1.0])  # squares 9, 4, 1; total 14; cumulative 9, 13, 14
     assert energy_rank(sigma, 0.5) == 1  # 9 >= 7
     assert energy_rank(sigma, 0.9) == 2  # 13 >= 12.6
@@ -105,6 +112,7 @@ def test_energy_rank_hand_values():
 
 
 def test_svd_compress_keeps_energy_and_reconstructs():
+    """Truncated SVD keeps the energy and rebuilds the best rank-k matrix."""
     # diag(3, 2, 1) rotated by orthogonal matrices: singular values 3, 2, 1 by construction
     q1, _ = torch.linalg.qr(torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, 3.0], [1.0, 0.0, 1.0], [2.0, 1.0, 1.0]]))
     q2, _ = torch.linalg.qr(torch.tensor([[2.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]]))
@@ -121,6 +129,7 @@ def test_svd_compress_keeps_energy_and_reconstructs():
 
 
 def test_compress_state_sends_factors_only_when_smaller():
+    """Only matrices whose factors are smaller are factorised; the rest stays dense."""
     rank_one = torch.outer(torch.arange(1.0, 9.0), torch.ones(6))  # 8x6, rank 1: 1*(8+6+1)=15 < 48
     conv = torch.ones(4, 2, 3, 3)  # rank 1 as 4 x 18: 1*(4+18+1)=23 < 72
     full_rank = torch.eye(2)  # rank 2: 2*(2+2+1)=10 >= 4, stays dense
@@ -135,6 +144,7 @@ def test_compress_state_sends_factors_only_when_smaller():
 
 
 def test_compress_state_zero_update_costs_nothing():
+    """A zero update is sent as rank 0 and rebuilds to zeros."""
     low_rank, dense = compress_state({"fc": torch.zeros(5, 4)}, 0.95)
     assert low_rank["fc"]["s"].numel() == 0 and not dense
     rebuilt = decompress_state(low_rank, dense, {"fc": torch.Size([5, 4])})
@@ -142,6 +152,7 @@ def test_compress_state_zero_update_costs_nothing():
 
 
 def test_diversity_loss_two_samples_hand_value():
+    """FedGen's diversity loss by hand; collapsed outputs give the maximum, 1."""
     noise = torch.tensor([[0.0, 0.0], [1.0, 1.0]])  # mean squared distance 1 between the two
     outputs = torch.tensor([[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]])  # mean absolute distance 2
     # off-diagonal products 1 * 2 = 2, diagonal 0: mean over the 4 pairs = 1
@@ -151,6 +162,7 @@ def test_diversity_loss_two_samples_hand_value():
 
 
 def test_energy_schedule_hand_values():
+    """FedKD's energy goes linearly from T_start towards T_end and stays there."""
     # T_start + (t + 1) / R * (T_end - T_start): 0.9 + 1/4 * 0.08 = 0.92 ... 0.9 + 4/4 * 0.08 = 0.98
     assert energy_schedule(0, 4, 0.9, 0.98) == pytest.approx(0.92)
     assert energy_schedule(1, 4, 0.9, 0.98) == pytest.approx(0.94)

@@ -17,6 +17,7 @@ from fedhet.functional import (
 
 
 def test_prototype_examples_keeps_held_classes_in_client_then_class_order():
+    """Prototype examples keep held classes only, client by client, classes ascending."""
     client_a = torch.tensor([[1.0, 1.0], [9.0, 9.0], [2.0, 2.0]])
     client_b = torch.tensor([[3.0, 3.0], [4.0, 4.0], [7.0, 7.0]])
     prototypes, labels = prototype_examples([client_a, client_b], [torch.tensor([4, 0, 1]), torch.tensor([0, 2, 0])])
@@ -27,6 +28,7 @@ def test_prototype_examples_keeps_held_classes_in_client_then_class_order():
 
 
 def test_pairwise_distances_and_finite_gradient_at_zero():
+    """Pairwise distances by hand, with a finite gradient at distance 0."""
     a = torch.tensor([[0.0, 0.0], [1.0, 1.0]], requires_grad=True)
     b = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
     distances = pairwise_distances(a, b)
@@ -38,6 +40,7 @@ def test_pairwise_distances_and_finite_gradient_at_zero():
 
 
 def test_adaptive_margin_is_the_largest_nearest_neighbour_distance():
+    """The margin is the largest nearest-other-class distance over uploaded classes, capped at tau."""
     # pairwise: d(0,1) = 5, d(0,2) = 1, d(1,2) = sqrt(9 + 9) = 4.2426
     # nearest other class: c0 -> 1, c1 -> 4.2426, c2 -> 1; the max is 4.2426
     q = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0], [100.0, 100.0]])
@@ -51,11 +54,13 @@ def test_adaptive_margin_is_the_largest_nearest_neighbour_distance():
 
 
 def test_adaptive_margin_with_a_single_class_is_the_threshold():
+    """With one class uploaded the margin is the threshold."""
     q = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
     assert adaptive_margin(q, torch.tensor([True, False]), 7.5).item() == pytest.approx(7.5)
 
 
 def test_margin_contrastive_loss_by_hand():
+    """FedTGP's margin contrastive loss by hand."""
     global_prototypes = torch.tensor([[0.0, 0.0], [3.0, 4.0]])
     prototypes = torch.tensor([[0.0, 0.0], [3.0, 0.0]])
     labels = torch.tensor([0, 1])
@@ -70,6 +75,7 @@ def test_margin_contrastive_loss_by_hand():
 
 
 def test_margin_contrastive_loss_pulls_own_prototype_and_pushes_others():
+    """A step on the loss pulls the own class's prototype in and pushes the other away."""
     global_prototypes = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
     loss = margin_contrastive_loss(torch.tensor([[0.0, 0.0]]), torch.tensor([0]), global_prototypes, 0.5)
     loss.backward()
@@ -78,6 +84,7 @@ def test_margin_contrastive_loss_pulls_own_prototype_and_pushes_others():
 
 
 def test_prototype_alignment_loss_mse_and_euclidean_by_hand():
+    """The alignment loss as MSE and as mean Euclidean distance by hand."""
     features = torch.tensor([[3.0, 4.0], [1.0, 1.0]])
     targets = torch.tensor([[0.0, 0.0], [1.0, 2.0]])
     # squared differences: (9, 16) and (0, 1): MSE = 26 / 4 = 6.5; distances 5 and 1: mean 3

@@ -36,6 +36,7 @@ def _rng(seed: int = 0) -> torch.Generator:
 
 
 def test_untrained_generator_shapes_range_and_frozen():
+    """The untrained generator has the documented sizes, images in [-1, 1] and frozen parameters."""
     generator = load_generator("untrained")
     assert isinstance(generator, GeneratorAdapter)
     assert (generator.latent_dim, generator.resolution, generator.out_channels) == (128, 32, 3)
@@ -49,6 +50,7 @@ def test_untrained_generator_shapes_range_and_frozen():
 
 
 def test_untrained_generator_is_identical_across_loads_and_seeds_select_latents():
+    """Two loads are the same generator; the latents follow the generator or global seed given."""
     first, second = load_generator("untrained"), load_generator("untrained")
     w = first.sample_w(3, _rng(7))
     torch.testing.assert_close(w, second.sample_w(3, _rng(7)), rtol=0, atol=0)
@@ -64,6 +66,7 @@ def test_untrained_generator_is_identical_across_loads_and_seeds_select_latents(
 
 
 def test_sample_w_distribution_is_a_learned_nonlinear_image_of_gaussian_noise():
+    """Sampled latents are finite, distinct per sample and spread in every coordinate."""
     generator = load_generator("untrained")
     w = generator.sample_w(512, _rng(1))
     assert w.shape == (512, generator.latent_dim) and torch.isfinite(w).all()
@@ -73,6 +76,7 @@ def test_sample_w_distribution_is_a_learned_nonlinear_image_of_gaussian_noise():
 
 
 def test_gradient_reaches_latents_through_the_frozen_generator():
+    """Gradients reach the latents through the generator but not its frozen parameters."""
     generator = load_generator("untrained")
     w = generator.sample_w(2, _rng()).requires_grad_(True)
     generator.synthesize(w).square().mean().backward()
@@ -81,6 +85,7 @@ def test_gradient_reaches_latents_through_the_frozen_generator():
 
 
 def test_bad_latents_are_one_line_errors():
+    """Latents of the wrong size, n < 1 or a resolution that is no power of two are ConfigErrors."""
     generator = load_generator("untrained")
     with pytest.raises(ConfigError, match=r"shape \[n, 128\]"):
         generator.synthesize(torch.zeros(2, 64))
@@ -91,6 +96,7 @@ def test_bad_latents_are_one_line_errors():
 
 
 def test_modulated_convolution_equals_the_per_sample_weight_convolution():
+    """The grouped modulated convolution equals StyleGAN2's per-sample modulated, demodulated weights."""
     torch.manual_seed(0)
     layer = ModulatedConv2d(2, 3, 3, w_dim=4, demodulate=True)
     x, w = torch.randn(2, 2, 5, 5), torch.randn(2, 4)
@@ -109,6 +115,7 @@ def test_modulated_convolution_equals_the_per_sample_weight_convolution():
 
 
 def test_discriminator_logistic_loss_hand_computed():
+    """The discriminator's logistic loss by hand from softplus values."""
     # softplus(0) = ln 2; softplus(-ln 3) = ln(1 + 1/3) = ln(4/3).
     # real logits [0, ln 3]: mean(softplus(-0), softplus(-ln 3)) = (ln 2 + ln 4/3) / 2 = ln(8/3) / 2
     # fake logits [0, -ln 3]: mean(softplus(0), softplus(-ln 3)) = ln(8/3) / 2
@@ -118,12 +125,14 @@ def test_discriminator_logistic_loss_hand_computed():
 
 
 def test_generator_nonsaturating_loss_hand_computed():
+    """The generator's non-saturating loss by hand."""
     # softplus(-ln 3) = ln(4/3), softplus(-0) = ln 2 -> mean = ln(8/3) / 2
     fake = torch.tensor([math.log(3.0), 0.0])
     assert generator_nonsaturating_loss(fake).item() == pytest.approx(math.log(8 / 3) / 2)
 
 
 def test_r1_penalty_hand_computed():
+    """The R1 penalty is the mean squared gradient norm, and it is differentiable."""
     # D(x) = sum x^2 per sample -> grad = 2x; x = [[1,0,0],[0,1,1]] -> ||2x||^2 = 4 and 8 -> mean 6
     x = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]], requires_grad=True)
     penalty = r1_penalty(x.square().sum(dim=1), x)
@@ -133,6 +142,7 @@ def test_r1_penalty_hand_computed():
 
 
 def test_ema_update_hand_computed():
+    """The EMA update is decay * average + (1 - decay) * current."""
     average, current = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
     with torch.no_grad():
         average.weight.fill_(2.0)
@@ -148,12 +158,14 @@ def test_ema_update_hand_computed():
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
+    """A tiny generator pretrained for 3 steps into a temporary cache (once per module)."""
     cache = tmp_path_factory.mktemp("generator-cache")
     weights = pretrain_generator("tiny", steps=3, seed=5, cache_dir=cache, **TINY)
     return cache, weights
 
 
 def test_pretraining_writes_a_checksummed_artifact_that_loads_by_name(pretrained):
+    """Pretraining writes weights, metadata with a SHA-256 and a preview, and the artifact loads by name."""
     cache, weights = pretrained
     meta = json.loads(weights.with_suffix(".json").read_text())
     assert meta["training"]["steps"] == 3 and meta["config"]["resolution"] == 16
@@ -175,6 +187,7 @@ def test_pretraining_writes_a_checksummed_artifact_that_loads_by_name(pretrained
 
 
 def test_pretraining_is_deterministic_and_reuses_an_identical_artifact(pretrained, tmp_path):
+    """Pretraining twice with one seed gives the same checksum and reuses the existing artifact."""
     cache, weights = pretrained
     other = pretrain_generator("tiny", steps=3, seed=5, cache_dir=tmp_path, **TINY)
     sha = json.loads(weights.with_suffix(".json").read_text())["sha256"]
@@ -187,6 +200,7 @@ def test_pretraining_is_deterministic_and_reuses_an_identical_artifact(pretraine
 
 
 def test_tampered_weights_fail_the_checksum(pretrained, tmp_path):
+    """A changed weights file fails the checksum with a fix-it command."""
     cache, weights = pretrained
     target = tmp_path / "generators"
     target.mkdir()
@@ -200,6 +214,7 @@ def test_tampered_weights_fail_the_checksum(pretrained, tmp_path):
 
 
 def test_missing_artifact_names_the_command_that_builds_it(tmp_path):
+    """A missing artifact names the pretrain command; a path-like name is refused."""
     with pytest.raises(ConfigError, match=f"fedhet pretrain-generator --cache_dir {tmp_path}$"):
         load_generator("embedded-stylegan", cache_dir=tmp_path)
     with pytest.raises(ConfigError, match="fedhet pretrain-generator --name mine"):
@@ -209,6 +224,7 @@ def test_missing_artifact_names_the_command_that_builds_it(tmp_path):
 
 
 def test_cli_pretrain_generator_prints_the_artifact_and_errors_in_one_line(tmp_path, capsys):
+    """The pretrain-generator command prints the artifact; a conflict or bad argument fails in one line."""
     from fedhet.cli import main
 
     args = ["pretrain-generator", "--name", "cli", "--steps", "2", "--image_size", "16", "--cache_dir", str(tmp_path)]
@@ -229,6 +245,7 @@ def test_cli_pretrain_generator_prints_the_artifact_and_errors_in_one_line(tmp_p
 
 
 def test_stable_diffusion_adapter_decodes_flattened_vae_latents(tmp_path):
+    """The Stable Diffusion adapter decodes flattened VAE latents (rescaled) into images in [-1, 1]."""
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     vae = diffusers.AutoencoderKL(
@@ -309,6 +326,7 @@ def _pickle(tmp_path, obj, name="network.pkl"):
 
 
 def test_stylegan_pickle_adapter_repeats_w_and_synthesizes_with_constant_noise(tmp_path):
+    """The StyleGAN pickle adapter repeats w per layer and synthesises with constant noise in fp32."""
     torch.manual_seed(0)
     path = _pickle(tmp_path, {"G_ema": FakeStyleGAN(), "D": None})
     generator = load_generator(f"stylegan-pkl:{path}")
@@ -322,6 +340,7 @@ def test_stylegan_pickle_adapter_repeats_w_and_synthesizes_with_constant_noise(t
 
 
 def test_stylegan_pickle_adapter_draws_one_hot_classes_for_conditional_networks(tmp_path):
+    """For a conditional network the adapter draws one-hot class vectors."""
     torch.manual_seed(0)
     generator = load_generator(f"stylegan-pkl:{_pickle(tmp_path, {'G_ema': FakeStyleGAN(c_dim=10)})}")
     generator.sample_w(6, _rng())
@@ -330,6 +349,7 @@ def test_stylegan_pickle_adapter_draws_one_hot_classes_for_conditional_networks(
 
 
 def test_stylegan_pickle_errors(tmp_path):
+    """A missing, non-StyleGAN or corrupt pickle is a one-line error."""
     with pytest.raises(ConfigError, match="not found"):
         load_generator(f"stylegan-pkl:{tmp_path / 'missing.pkl'}")
     with pytest.raises(CheckpointError, match="no StyleGAN generator"):

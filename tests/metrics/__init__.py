@@ -1,0 +1,1 @@
+"""Tests of the metrics: per-client accuracies, round summaries and best/last trackers."""

@@ -15,7 +15,7 @@ NUM_CLASSES = 5
 
 
 def _contract(model: nn.Module, x: torch.Tensor) -> None:
-    """forward == head(forward_features) in eval mode; a train-mode backward reaches every parameter."""
+    """Check ``forward == head(forward_features)`` in eval mode and a train-mode backward reaching every parameter."""
     model.eval()
     with torch.no_grad():
         features = model.forward_features(x)
@@ -38,11 +38,13 @@ def _contract(model: nn.Module, x: torch.Tensor) -> None:
     ],
 )
 def test_fccl_families_follow_table_vi(family: str, expected: list[str]) -> None:
+    """FCCL+'s families resolve to the architectures of its Table VI, heterogeneous ones."""
     assert resolve_family(family) == expected
     assert not is_homogeneous(expected)
 
 
 def test_htm10_is_htfe8_plus_two_vits() -> None:
+    """HtM10 is HtFE8 plus ViT-B/16 and ViT-B/32, and family names are normalised."""
     htm10 = resolve_family("HtM10")
     assert htm10 == [*resolve_family("HtFE8"), "vit_b_16", "vit_b_32"]
     assert get_family("htm-img-10").name == "htm_img_10"
@@ -59,6 +61,7 @@ def test_htm10_is_htfe8_plus_two_vits() -> None:
     ],
 )
 def test_fccl_cifar_sizes(name: str, params: int, features: int) -> None:
+    """The FCCL+ CIFAR models have the expected parameter counts, feature sizes and linear heads."""
     model = create_model(name, num_classes=10, seed=0)
     assert sum(p.numel() for p in model.parameters()) == params
     assert model.num_features == features and isinstance(model.head, nn.Linear)
@@ -87,6 +90,7 @@ def test_cifar_stems_keep_resolution() -> None:
 
 
 def test_efficientnet_drop_connect_schedule_and_code_option() -> None:
+    """EfficientNet's drop-connect grows linearly per block, can be turned off, and only acts in training."""
     model = create_model("efficientnet_b0_cifar", NUM_CLASSES, seed=0)
     rates = [block.drop_rate for block in model.blocks]
     assert len(rates) == 16 and rates[0] == 0.0 and rates[-1] == pytest.approx(0.2 * 15 / 16)
@@ -104,6 +108,7 @@ def test_efficientnet_drop_connect_schedule_and_code_option() -> None:
 
 
 def test_client_models_of_fccl_digits_differ_per_client() -> None:
+    """Two clients of one architecture get different initialisations."""
     family = resolve_family("fccl_digits")
     efficientnet = create_client_model(family, client_id=2, num_classes=10, seed=0)
     again = create_client_model(family, client_id=6, num_classes=10, seed=0)  # same architecture, other client
@@ -112,6 +117,7 @@ def test_client_models_of_fccl_digits_differ_per_client() -> None:
 
 
 def test_vit_image_size_is_validated_before_building() -> None:
+    """A ViT refuses an image size that is not a multiple of its patch size."""
     with pytest.raises(ConfigError, match="multiple of 16"):
         create_model("vit_b_16", NUM_CLASSES, image_size=24)
     with pytest.raises(ConfigError, match="multiple of 32"):

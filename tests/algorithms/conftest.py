@@ -1,0 +1,14 @@
+"""Fixtures shared by the per-method tests (plain helpers live in ``tests/algorithms/helpers.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedhet.algorithms.fedavg import FedAvg
+from tests.algorithms.helpers import SGD, label_skew_run
+
+
+@pytest.fixture(scope="session")
+def fedavg_run():
+    """The FedAvg reference run (SGD, two rounds, tiny label skew) that the bit-for-bit limits compare with."""
+    return label_skew_run(FedAvg(**SGD))

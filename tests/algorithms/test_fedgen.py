@@ -1,0 +1,166 @@
+"""FedGen: hand-computed client and generator losses, head averaging with label-share ensemble weights, sizes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedhet.algorithms.fedgen import (
+    FeatureGenerator,
+    FedGen,
+    FedGenClient,
+    FedGenDownload,
+    FedGenServer,
+    HeadCountsPayload,
+)
+from fedhet.errors import TrainingError
+from fedhet.federation import FederationLoop
+from fedhet.seeding import derive_seed, seeded
+from tests.algorithms.helpers import TinyLinear, context, fit, upload
+from tests.conftest import tiny_label_skew
+
+INITIAL_HEAD = {"model.head.weight": torch.eye(2), "model.head.bias": torch.zeros(2)}
+
+
+def _loop(algorithm, cpu_trainer, rounds=1):
+    scenario = tiny_label_skew()
+    scenario.setup()
+    architectures = ["cnn_tiny", "mlp_tiny", "cnn_tiny"]
+    return FederationLoop(algorithm, scenario, architectures, cpu_trainer, rounds=rounds, seed=0, feature_dim=16)
+
+
+def _constant_generator(feature: list[float]) -> FeatureGenerator:
+    """A generator whose output is ``feature`` whatever the noise and label (zero last weight, bias = feature)."""
+    generator = FeatureGenerator(noise_dim=3, num_classes=2, hidden_dim=4, feature_dim=2)
+    with torch.no_grad():
+        generator.fc.weight.zero_()
+        generator.fc.bias.copy_(torch.tensor(feature))
+    return generator
+
+
+def test_fedgen_client_loss_adds_the_generated_feature_cross_entropy_by_hand():
+    """CE(f(x), y) + w * CE(head(G(z, y^)), y^): labels all class 1, generated feature [2, 0], w = 0.5."""
+    client = FedGenClient(TinyLinear(), 2, FeatureGenerator(3, 2, 4, 2), generated_weight=0.5)
+    x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    assert client.local_loss((x, y)).item() == pytest.approx(0.313262, abs=1e-6)  # no download: CE only
+    generator = {k: v.detach().clone() for k, v in _constant_generator([2.0, 0.0]).named_parameters()}
+    download = FedGenDownload(head={"weight": torch.eye(2)}, generator=generator, label_counts=torch.tensor([0, 5]))
+    client.on_receive(download)
+    # real: log(1 + e^-1); generated: logits [2, 0] for class 1, log(1 + e^2)
+    expected = math.log1p(math.exp(-1.0)) + 0.5 * math.log1p(math.exp(2.0))
+    assert client.local_loss((x, y)).item() == pytest.approx(expected, abs=1e-6)
+    assert not any(k.startswith("generator.") for k in client.client_state())
+
+
+def _server_after_two_uploads(diversity_weight: float = 0.5) -> FedGenServer:
+    server = FedGenServer(noise_dim=3, hidden_dim=4, diversity_weight=diversity_weight)
+    server.setup(context(num_classes=2, initial=INITIAL_HEAD))
+    head_a = {"weight": torch.tensor([[3.0, 0.0], [0.0, 3.0]]), "bias": torch.zeros(2)}
+    head_b = {"weight": torch.tensor([[0.0, 3.0], [3.0, 0.0]]), "bias": torch.zeros(2)}
+    server.aggregate(0, [
+        upload(0, HeadCountsPayload(weights=head_a, label_counts=torch.tensor([3, 1]), num_examples=4)),
+        upload(1, HeadCountsPayload(weights=head_b, label_counts=torch.tensor([1, 1]), num_examples=2)),
+    ])
+    return server
+
+
+def test_fedgen_server_averages_heads_and_weighs_the_ensemble_by_label_shares_by_hand():
+    """Global head = 2/3 A + 1/3 B (examples); ensemble weights per class = each client's share of the label."""
+    server = _server_after_two_uploads()
+    assert torch.allclose(server.global_head.weight, torch.tensor([[2.0, 1.0], [1.0, 2.0]]))
+    # class 0 counts (3, 1) -> (0.75, 0.25); class 1 counts (1, 1) -> (0.5, 0.5)
+    assert torch.allclose(server.round_ensemble_weights, torch.tensor([[0.75, 0.5], [0.25, 0.5]]))
+    assert server.round_counts.tolist() == [4.0, 2.0]
+    samples = FedGenServer(noise_dim=3, hidden_dim=4, ensemble_weighting="samples")
+    samples.setup(context(num_classes=2, initial=INITIAL_HEAD))
+    head = {"weight": torch.eye(2), "bias": torch.zeros(2)}
+    samples.aggregate(0, [
+        upload(0, HeadCountsPayload(weights=head, label_counts=torch.tensor([3, 1]), num_examples=4)),
+        upload(1, HeadCountsPayload(weights=head, label_counts=torch.tensor([1, 1]), num_examples=2)),
+    ])
+    assert torch.allclose(samples.round_ensemble_weights, torch.tensor([[2 / 3, 2 / 3], [1 / 3, 1 / 3]]))
+
+
+def test_fedgen_generator_loss_by_hand():
+    """Ensemble CE of a constant generated feature [1, 0] plus 0.5 * diversity (= 0.5 * e^0 for identical outputs)."""
+    server = _server_after_two_uploads(diversity_weight=0.5)
+    server.generator = _constant_generator([1.0, 0.0])
+    # head A gives [3, 0], head B gives [0, 3]; class 0: 0.75 A + 0.25 B = [2.25, 0.75] -> log(1 + e^-1.5)
+    # class 1: 0.5 A + 0.5 B = [1.5, 1.5] -> log 2
+    expected = (math.log1p(math.exp(-1.5)) + math.log(2.0)) / 2 + 0.5 * 1.0
+    assert server.generator_loss(torch.tensor([0, 1])).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_fedgen_download_after_training_holds_head_generator_and_global_counts():
+    """After a fitted round the download is the averaged head, the generator's parameters and summed counts."""
+    server = _server_after_two_uploads()
+    assert server.download_for(0) is None  # never trained yet
+    with seeded(0):
+        fit(server, server.server_dataloader(0), max_steps=2)
+    download = server.download_for(1)
+    assert download.label_counts.tolist() == [4, 2]
+    assert torch.equal(download.head["weight"], torch.tensor([[2.0, 1.0], [1.0, 2.0]]))
+    assert set(download.generator) == {k for k, _ in server.generator.named_parameters()}
+    assert server.steps_done == 2 and math.isfinite(server.metrics()["generator_loss"])
+
+
+def test_fedgen_generator_training_lowers_its_loss(cpu_trainer):
+    """Sixty generator steps in a real round lower the generator loss against the untrained generator."""
+    loop = _loop(FedGen(generator_steps=60, generator_batch_size=16), cpu_trainer)
+    loop.run()
+    server = loop.server
+    with seeded(derive_seed(0, "fedgen", "generator")):  # the generator as it was before round 0's fit
+        untrained = FeatureGenerator(32, 10, 16, 16)
+    labels = torch.multinomial(server.round_counts, 64, replacement=True, generator=torch.Generator().manual_seed(0))
+    trained_generator = server.generator
+    with seeded(5), torch.no_grad():
+        trained = float(server.generator_loss(labels))
+    server.generator = untrained
+    with seeded(5), torch.no_grad():
+        before = float(server.generator_loss(labels))
+    server.generator = trained_generator
+    assert trained < before
+    assert loop.history[0]["server/generator_loss"] < loop.history[0]["server/generator_loss_first"]
+
+
+def test_fedgen_payload_sizes_match_table5_formula(cpu_trainer):
+    """Upload = head + int64 label counts; download = head + generator parameters + counts; nothing in round 0."""
+    loop = _loop(FedGen(generator_steps=5), cpu_trainer)
+    summary = loop.run()
+    feature, classes, noise, hidden = 16, 10, 32, 16
+    head = feature * classes + classes  # K'C + C = 170
+    generator = (noise + classes) * hidden + hidden + 2 * hidden + hidden * feature + feature  # 688 + 32 + 272
+    assert summary["comm"]["bytes_up"] == 3 * (head * 4 + classes * 8)  # + the int64 label counts
+    download = loop.server.download_for(0)
+    assert isinstance(download, FedGenDownload)
+    assert download.nbytes() == (head + generator) * 4 + classes * 8
+    assert summary["comm"]["bytes_down"] == 0  # nothing to download before the first generator
+
+
+def test_fedgen_clients_take_the_global_head_and_use_the_generator(cpu_trainer):
+    """In a real run the client takes the global head and its loss grows by the generated-feature term."""
+    loop = _loop(FedGen(generator_steps=5), cpu_trainer)
+    loop.run()
+    module = loop.runtime.module("cnn_tiny")
+    module.load_client_state(loop.store.get(0)["module"])
+    module.on_receive(loop.server.download_for(0))
+    assert torch.equal(module.model.head.weight, loop.server.global_head.weight)
+    assert module.label_distribution is not None and not any(k.startswith("generator.") for k in module.client_state())
+    x, y = next(iter(loop.scenario.train_loader(0, 0)))
+    with seeded(0), torch.no_grad():
+        regularised = float(module.local_loss((x, y)))
+    module.label_distribution = None
+    with torch.no_grad():
+        plain = float(module.local_loss((x, y)))
+    assert regularised > plain  # the generated-feature cross-entropy is added
+
+
+def test_fedgen_server_rejects_bad_label_counts(cpu_trainer):
+    """Negative label counts are refused."""
+    loop = _loop(FedGen(generator_steps=5), cpu_trainer)
+    head = {k: v.clone() for k, v in loop.server.global_head.state_dict().items()}
+    bad = HeadCountsPayload(weights=head, label_counts=-torch.ones(10, dtype=torch.long), num_examples=4)
+    with pytest.raises(TrainingError, match="label counts"):
+        loop.server.aggregate(0, [upload(0, bad)])

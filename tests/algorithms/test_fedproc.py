@@ -1,0 +1,106 @@
+"""FedProc: hand-computed prototype-contrastive client loss with its round schedule, server averaging."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhet.algorithms.fedproc import FedProcClient, FedProcServer, WeightsAndPrototypesPayload
+from fedhet.errors import TrainingError
+from fedhet.federation.payloads import WeightsPayload
+from tests.algorithms.helpers import TinyLinear, context, upload
+
+
+def test_fedproc_client_loss_by_hand_with_round_schedule():
+    """Round 0 is CE only; round 1 of 5 is 0.75 * L_proto + 0.25 * CE; the upload holds class-mean features."""
+    client = FedProcClient(TinyLinear(), num_classes=2)
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
+    weights = {"body.weight": torch.eye(2), "head.weight": torch.eye(2)}
+    # round 0, no prototypes yet: CE of logits x = (log(1 + e^-1) + log(1 + e^-2)) / 2 = 0.220095
+    empty, no_counts = torch.zeros(2, 0), torch.zeros(2, dtype=torch.long)
+    client.on_receive(WeightsAndPrototypesPayload(weights=weights, prototypes=empty, counts=no_counts))
+    assert client.local_loss((x, y)).item() == pytest.approx(0.220095, abs=1e-5)
+    # round 1 of 5: alpha = 0.75; prototype loss with c0 = [1, 0], c1 = [1, 1] is 0.479110
+    # (tests/functional/test_contrastive.py): 0.75 * 0.479110 + 0.25 * 0.220095 = 0.414356
+    prototypes = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    client.on_receive(WeightsAndPrototypesPayload(weights=weights, prototypes=prototypes, counts=torch.tensor([1, 1])))
+    client.round_idx, client.total_rounds = 1, 5
+    assert client.local_loss((x, y)).item() == pytest.approx(0.414356, abs=1e-5)
+    upload_ = client.make_upload([(x, y), (torch.tensor([[3.0, 0.0]]), torch.tensor([0]))])
+    assert torch.allclose(upload_.prototypes, torch.tensor([[2.0, 0.0], [0.0, 2.0]]))
+    assert upload_.counts.tolist() == [2, 1] and torch.equal(upload_.weights["body.weight"], torch.eye(2))
+
+
+def test_fedproc_constant_schedule_weighs_the_two_losses_by_alpha():
+    """With ``alpha_schedule="constant"`` the weight is alpha in every round: 0.5 * 0.479110 + 0.5 * 0.220095."""
+    client = FedProcClient(TinyLinear(), num_classes=2, alpha_schedule="constant", alpha=0.5)
+    weights = {"body.weight": torch.eye(2), "head.weight": torch.eye(2)}
+    prototypes = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    client.on_receive(WeightsAndPrototypesPayload(weights=weights, prototypes=prototypes, counts=torch.tensor([1, 1])))
+    client.round_idx, client.total_rounds = 3, 5
+    loss = client.local_loss((torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])))
+    assert loss.item() == pytest.approx(0.5 * 0.479110 + 0.5 * 0.220095, abs=1e-5)
+
+
+def _server_with_two_uploads(weighting):
+    server = FedProcServer(weighting)
+    server.setup(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
+    p0 = WeightsAndPrototypesPayload(
+        weights={"w": torch.tensor([1.0, 2.0])},
+        prototypes=torch.tensor([[2.0, 0.0], [0.0, 0.0], [1.0, 1.0]]),
+        counts=torch.tensor([1, 0, 3]),
+        num_examples=30,
+    )
+    p1 = WeightsAndPrototypesPayload(
+        weights={"w": torch.tensor([5.0, 6.0])},
+        prototypes=torch.tensor([[4.0, 2.0], [9.0, 9.0], [0.0, 0.0]]),
+        counts=torch.tensor([3, 2, 0]),
+        num_examples=10,
+    )
+    server.aggregate(0, [upload(0, p0), upload(1, p1)])
+    return server, p0
+
+
+def test_fedproc_server_averages_weights_and_prototypes_by_hand():
+    """Weights by examples, prototypes per class over the clients holding it (count or uniform); bytes by hand."""
+    server, sent = _server_with_two_uploads("count")
+    download = server.download_for(0)
+    # weights: 0.75 * [1, 2] + 0.25 * [5, 6] = [2, 3]
+    assert torch.allclose(download.weights["w"], torch.tensor([2.0, 3.0]))
+    # class 0: (1 * [2, 0] + 3 * [4, 2]) / 4 = [3.5, 1.5]; classes 1 and 2 held by one client each
+    assert torch.allclose(download.prototypes, torch.tensor([[3.5, 1.5], [9.0, 9.0], [1.0, 1.0]]))
+    assert download.counts.tolist() == [1, 1, 1]
+    uniform, _ = _server_with_two_uploads("uniform")
+    assert torch.allclose(uniform.download_for(0).prototypes[0], torch.tensor([3.0, 1.0]))  # ([2,0] + [4,2]) / 2
+    # bytes: 2 float32 weights (8) + 2 held rows of 2 float32 (16) + 2 int64 counts (16) = 40
+    assert sent.nbytes() == 40
+    restored = FedProcServer()
+    restored.setup(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
+    restored.load_state_dict(server.state_dict())
+    assert torch.equal(restored.download_for(1).prototypes, download.prototypes)
+
+
+def test_fedproc_first_download_has_weights_and_no_prototypes():
+    """Before the first aggregation the download carries the initial weights and a [C, 0] prototype block."""
+    server = FedProcServer()
+    server.setup(context(num_classes=3, initial={"model.w": torch.ones(2)}))
+    download = server.download_for(0)
+    assert download.prototypes.shape == (3, 0) and int(download.counts.sum()) == 0
+    assert download.nbytes() == 8
+
+
+def test_fedproc_server_rejects_bad_prototypes():
+    """Prototypes of the wrong shape, non-finite ones, or weights without prototypes are refused."""
+    server, _ = _server_with_two_uploads("count")
+    counts = torch.ones(3, dtype=torch.long)
+    weights = {"w": torch.zeros(2)}
+    wrong_shape = WeightsAndPrototypesPayload(weights=weights, prototypes=torch.zeros(3, 5), counts=counts)
+    with pytest.raises(TrainingError, match="shape"):
+        server.aggregate(1, [upload(0, wrong_shape)])
+    not_finite = WeightsAndPrototypesPayload(
+        weights={"w": torch.zeros(2)}, prototypes=torch.tensor([[float("nan"), 0.0]] * 3), counts=counts
+    )
+    with pytest.raises(TrainingError, match="non-finite"):
+        server.aggregate(1, [upload(0, not_finite)])
+    with pytest.raises(TrainingError, match="expected weights and prototypes"):
+        server.aggregate(1, [upload(0, WeightsPayload(weights={"w": torch.zeros(2)}))])
