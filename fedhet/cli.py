@@ -705,6 +705,8 @@ def evaluate_run(
                 f"the run has {original.scenario.num_clients} clients but the overriding scenario has "
                 f"{experiment.scenario.num_clients}; evaluate on a scenario with the same number of clients"
             )
+    from fedhet.federation.loop import final_metrics
+
     store = _read_only_disk_store(saved.path / "clients") if experiment.uses_disk_store() else MemoryStateStore()
     loop = experiment.build_loop(store)
     loop.load_checkpoint_state(saved.load_checkpoint())
@@ -713,7 +715,7 @@ def evaluate_run(
     metrics = loop.evaluate(round_idx)
     wall_s = time.perf_counter() - started
     if split == "test":
-        final = {k: v for k, v in metrics.items() if not k.startswith("val/")}
+        final = final_metrics(metrics)
         matrix = loop.last_matrix
     else:
         final = {k.removeprefix("val/"): v for k, v in metrics.items() if k.startswith("val/")}

@@ -144,15 +144,18 @@ def test_every_method_checks_its_optimizer_ranges():
     """Each registered method's parser rejects lr <= 0, negative weight decay and momentum >= 1."""
     from jsonargparse import ArgumentParser
 
-    from fedhet.algorithms import ALGORITHMS
+    from fedhet.algorithms import ALGORITHMS, ServerPlugin
 
     for cls in ALGORITHMS.values():
         parser = ArgumentParser(exit_on_error=False)
         parser.add_class_arguments(cls, "m")
         parser.parse_args([])  # the defaults are in range
-        for bad in ("--m.lr=0", "--m.lr=-1", "--m.weight_decay=-1", "--m.momentum=1"):
+        # a server plugin's client optimizer is its base method's
+        key = "m.base.init_args" if issubclass(cls, ServerPlugin) else "m"
+        prefix = ["--m.base=fedhet.algorithms.FedAvg"] if issubclass(cls, ServerPlugin) else []
+        for bad in (f"--{key}.lr=0", f"--{key}.lr=-1", f"--{key}.weight_decay=-1", f"--{key}.momentum=1"):
             with pytest.raises(Exception, match="restriction"):
-                parser.parse_args([bad])
+                parser.parse_args([*prefix, bad])
 
 
 def test_python_callers_pass_plain_floats_and_the_cli_builds_plain_numbers():

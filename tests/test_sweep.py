@@ -135,6 +135,7 @@ def test_agent_runs_log_online_unless_told_otherwise(monkeypatch):
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SWEEP_ID", "abc123")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # an agent's run has the agent's credentials
     assert WandbConfig().effective_mode() == "online"
     assert WandbConfig(mode="disabled").effective_mode() == "disabled"
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -68,6 +68,11 @@ class Step:
         return self.phase == FEDERATION
 
 
+def final_metrics(record: dict[str, Any]) -> dict[str, Any]:
+    """The reported values of a round record: everything but validation, timing, traffic, server and eval keys."""
+    return {k: v for k, v in record.items() if not k.startswith(("val/", "time/", "comm/", "server/", "eval/"))}
+
+
 def update_norm(upload: Payload, download: Payload | None) -> float:
     """L2 norm of an upload's floating tensors minus the same tensors of the client's download (if any)."""
     received = dict(download.tensors()) if download is not None else {}
@@ -554,8 +559,7 @@ class FederationLoop:
         """The results contract of design.md section 5 (``summary.json``)."""
         keys = HEADLINE[self.scenario.kind]
         evaluated = [r for r in self.history if keys[0] in r or SERVER_KEY in r]
-        skip = ("val/", "time/", "comm/", "server/", "eval/")
-        final = {k: v for k, v in evaluated[-1].items() if not k.startswith(skip)} if evaluated else {}
+        final = final_metrics(evaluated[-1]) if evaluated else {}
         last3 = mean_last(evaluated, keys, 3)
         last3.update(mean_last(evaluated, (SERVER_KEY,), 3))
         return {

@@ -344,7 +344,9 @@ class ClientRuntime:
             modules.append(module)
         phase = self.algorithm.build_collaborative_phase(modules)
         if phase is None:
-            raise TrainingError(f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase")
+            raise TrainingError(
+                f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase"
+            )
         phase.round_idx, phase.total_rounds = tasks[0].round_idx, self.rounds
         seed = derive_seed(self.seed, "collaborate", tasks[0].step)
         trainer = self.trainer.build(

@@ -243,7 +243,7 @@ def test_unknown_model_suggests_close_names() -> None:
         create_model("resnet10_tine", 10)
     message = str(info.value)
     assert "\n" not in message
-    assert "fedhet models" in message and "list_models()" in message
+    assert "fedhet list" in message and "list_models()" in message
 
 
 # --- families ---------------------------------------------------------------------------------------
