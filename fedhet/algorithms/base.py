@@ -4,19 +4,29 @@ A method lives in one file, ``fedhet/algorithms/<method>.py``, and defines:
 
 * its payload types (or reuses those in :mod:`fedhet.core.payloads`);
 * ``<Method>Client(ClientModule)``: a LightningModule holding one client's model and local
-  objective. The round loop calls, per selected client and round, in this order:
-  ``load_client_state`` -> ``on_receive(download)`` -> ``Trainer.fit`` (the local budget) ->
-  ``make_upload(loader)`` -> ``client_state()``. It is an ordinary LightningModule: it also
-  trains on its own under a plain ``Trainer`` or ``LightningCLI``;
-* ``<Method>Server(ServerPhase)``: closed-form (``aggregate`` then ``download_for``), or a
-  :class:`TrainableServerPhase`, a LightningModule the loop fits each round with its own lean
-  Trainer on server-side data (public data, synthetic data, noise);
+  objective. Per selected client and step the runtime calls, in this order:
+  ``load_client_state`` (what the client keeps) -> ``on_receive(download)`` (what it only
+  receives) -> one ``Trainer.fit`` per declared :class:`LocalStage` (``self.stage`` set; each
+  stage its own optimizer(s), budget and optimisation mode) -> ``make_upload(batches)`` ->
+  ``client_state()``. It is an ordinary LightningModule: it also trains on its own under a
+  plain ``Trainer`` or ``LightningCLI``;
+* ``<Method>Server(ServerPhase)``: ``aggregate(uploads)`` (closed form) -> its trained
+  :class:`RefineStage` s, each fitted with the ``server_trainer`` template and its own budget ->
+  ``download_for(client)``; :meth:`ServerPhase.server_models` names what is evaluated as
+  ``acc_server``. A :class:`TrainableServerPhase` is its own refine stage; a
+  :class:`ServerPlugin` adds a :class:`ServerRefinement` on top of any base method chosen in
+  the config (``feddf_server``, FedFTG);
 * ``<Method>(Algorithm)``: the object configs select (``method.class_path``). Its typed
   ``__init__`` arguments are the method's hyperparameters; it builds the client modules and the
-  server and declares :class:`Capabilities`, which the command line checks against the scenario
-  and model family before anything runs;
+  server and declares :class:`Capabilities` (checked against the scenario and model family
+  before anything runs), its evaluation targets and its run phases (:class:`RunPhase`, before
+  or after the rounds);
 * optionally a :class:`CollaborativePhase`: all participating client modules stepping together,
   batch by batch, on public data (FCCL, FCCL+, FedMD's digest, RHFL).
+
+What a server may know is its :class:`ServerContext` (architectures, a model factory, the data
+format, the clients' label counts, the public data). Building blocks several methods share live
+in :mod:`fedhet.algorithms.common`.
 
 A method file holds no round loop, sampling, partitioning, file I/O or printing; its math lives
 in :mod:`fedhet.functional` when two methods share it. ``docs/adding_a_method.md`` walks through
