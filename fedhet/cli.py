@@ -631,7 +631,7 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     if checkpoint is not None:
         loop.load_checkpoint_state(checkpoint)
         run_dir.truncate_metrics(loop.next_round)
-        log.info("resuming %s at round %d of %d", run_path, loop.next_round + 1, loop.rounds)
+        log.info("resuming %s at step %d of %d", run_path, loop.next_round + 1, len(loop.schedule))
     else:
         log.info("run directory: %s", run_path)
     try:

@@ -47,7 +47,12 @@ class ConsoleCallback:
         self.progress.on_evaluate_start(loop, round_idx)
 
     def on_round_end(self, loop: Any, record: dict[str, Any]) -> None:
-        parts = [f"round {record['round'] + 1:>3}/{loop.rounds}", f"loss {record['train/loss']:.4f}"]
+        step = loop.schedule[record["round"]] if hasattr(loop, "schedule") else None
+        if step is not None and not step.is_round:  # a run phase (pretraining, fine-tuning ...)
+            where = f"{step.phase} {step.phase_step + 1}"
+        else:
+            where = f"round {(step.phase_step if step else record['round']) + 1:>3}/{loop.rounds}"
+        parts = [where, f"loss {record['train/loss']:.4f}"]
         for key in ("acc_intra", "acc_inter", "acc_local", "acc_global"):
             if key in record:
                 parts.append(f"{key} {record[key]:6.2f}")

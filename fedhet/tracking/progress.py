@@ -150,7 +150,7 @@ class RoundProgress:
         now = self.clock()
         if self.started is None:
             self.started = now
-            self.rounds_total = int(loop.rounds)
+            self.rounds_total = len(getattr(loop, "schedule", ())) or int(loop.rounds)
             self.resumed_rounds = int(round_idx)
             self.resumed_elapsed = float(getattr(loop, "elapsed_s", 0.0)) if round_idx else 0.0
         elif self._ended_since_start:
