@@ -1,0 +1,115 @@
+"""feddf_server: per-architecture averaging, then server-side ensemble distillation, by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fedhet.algorithms import FedAvg, FedDFServer, FedProto, FedProx
+from fedhet.algorithms.base import ClientUpload, ServerContext
+from fedhet.algorithms.common import SubmoduleAveragingServer
+from fedhet.algorithms.fedavg import FedAvgServer
+from fedhet.algorithms.feddf_server import EnsembleDistillation
+from fedhet.core.payloads import WeightsPayload
+from fedhet.errors import ConfigError
+from tests.algorithms.helpers import TinyLinear, fit
+
+SWAP = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+X = torch.tensor([[1.0, 0.0]])
+
+
+def _weights(head: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A TinyLinear's state dict with identity body and ``head`` (no bias)."""
+    return {k: v.clone() for k, v in TinyLinear(head=head).state_dict().items()}
+
+
+def _context(architectures=("a", "b")) -> ServerContext:
+    """Two clients of two architectures, all TinyLinear with identity weights, and a public loader."""
+    public = DataLoader(TensorDataset(X.repeat(4, 1)), batch_size=1)
+    return ServerContext(
+        num_clients=len(architectures),
+        num_classes=2,
+        architectures=tuple(architectures),
+        seed=0,
+        initial_client_state=lambda cid: {f"model.{k}": v for k, v in _weights(torch.eye(2)).items()},
+        model_factory=lambda architecture, seed: TinyLinear(),
+        public_loader=lambda seed: public,
+    )
+
+
+def _refinement(uploads, temperature=1.0, steps=1) -> tuple[FedAvgServer, EnsembleDistillation]:
+    """A FedAvg server of two architectures, aggregated, with the distillation stage set up for ``uploads``."""
+    base = FedAvgServer()
+    context = _context()
+    base.setup(context)
+    refinement = EnsembleDistillation(steps=steps, lr=0.1, temperature=temperature)
+    refinement.attach(base, context)
+    base.aggregate(0, uploads)
+    refinement.begin_round(0, uploads)
+    return base, refinement
+
+
+def test_averages_within_each_architecture_by_hand():
+    """Two uploads of architecture a (30 and 10 examples) average to 0.75 h1 + 0.25 h2; b keeps its own."""
+    uploads = [
+        ClientUpload(0, "a", WeightsPayload(num_examples=30, weights=_weights(torch.eye(2)))),
+        ClientUpload(1, "a", WeightsPayload(num_examples=10, weights=_weights(SWAP))),
+    ]
+    base, _ = _refinement(uploads)
+    expected = torch.tensor([[0.75, 0.25], [0.25, 0.75]])
+    assert torch.allclose(base.global_by_architecture["a"]["head.weight"], expected)
+    assert torch.equal(base.global_by_architecture["b"]["head.weight"], torch.eye(2))  # nobody of b uploaded
+
+
+def test_distillation_loss_is_the_kl_to_the_teacher_ensemble_by_hand():
+    """Loss = sum over students of T^2 KL(softmax(mean teacher logits / T) || softmax(student / T)), at T = 2."""
+    uploads = [
+        ClientUpload(0, "a", WeightsPayload(num_examples=1, weights=_weights(torch.eye(2)))),
+        ClientUpload(1, "b", WeightsPayload(num_examples=1, weights=_weights(SWAP))),
+    ]
+    _, refinement = _refinement(uploads, temperature=2.0)
+    # teachers on x = [1, 0]: logits [1, 0] and [0, 1] -> ensemble [0.5, 0.5] -> target (1/2, 1/2)
+    # students: a's average is the identity head (logits [1, 0]), b's the swap (logits [0, 1])
+    q = 1 / (1 + math.exp(-0.5))  # softmax([1, 0] / 2)[0]
+    kl = 0.5 * math.log(0.5 / q) + 0.5 * math.log(0.5 / (1 - q))
+    expected = 2 * (2.0**2 * kl)  # two students, each KL equal by symmetry
+    loss = refinement.training_step((X,), 0)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_distilled_students_become_the_new_global_models():
+    """After the refine fit, the base server's global models are the distilled students, moved towards the ensemble."""
+    uploads = [
+        ClientUpload(0, "a", WeightsPayload(num_examples=1, weights=_weights(torch.eye(2)))),
+        ClientUpload(1, "b", WeightsPayload(num_examples=1, weights=_weights(SWAP))),
+    ]
+    base, refinement = _refinement(uploads, steps=3)
+    before = base.global_by_architecture["a"]["head.weight"].clone()
+    fit(refinement, refinement.server_dataloader(0), max_epochs=-1, max_steps=refinement.refine_budget().steps)
+    after = base.global_by_architecture["a"]["head.weight"]
+    assert not torch.equal(before, after)
+    logits = after @ X[0]  # identity body
+    assert float(logits[0] - logits[1]) < 1.0  # the student's margin shrank towards the ensemble's 0
+
+
+def test_plugin_on_fedprox_keeps_fedprox_clients():
+    """The plugin builds its base's clients (FedProx's proximal objective), optimizer and averaging server."""
+    algorithm = FedDFServer(base=FedProx(mu=0.5, lr=0.05), distill_steps=2)
+    assert algorithm.name == "FedDFServer(FedProx)" and algorithm.optimizer_kwargs()["lr"] == 0.05
+    assert type(algorithm.build_client(TinyLinear(), 2)).__name__ == "FedProxClient"
+    assert isinstance(algorithm.build_server().base, SubmoduleAveragingServer)
+    assert algorithm.evaluation == ("clients", "server") and algorithm.capabilities.needs_public_data
+
+
+def test_plugin_refuses_a_base_that_does_not_average_weights():
+    """FedProto's server is not a weight average: refused at start-up in one line."""
+    with pytest.raises(ConfigError, match="weight-averaging"):
+        FedDFServer(base=FedProto()).build_server().refinement.attach(FedProto().build_server(), _context())
+
+
+def test_default_base_is_fedavg():
+    """Without a base the plugin refines FedAvg."""
+    assert isinstance(FedDFServer().base, FedAvg)
