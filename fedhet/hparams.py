@@ -23,7 +23,7 @@ type-checks. Which type to pick:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     PositiveFloat = float
@@ -60,6 +60,20 @@ RANGES: dict[str, str] = {
     "NonNegativeInt": "an integer >= 0",
 }
 
+
+def plain(value: Any) -> Any:
+    """``value`` with jsonargparse's range-checked numbers (also in a list or tuple) as plain ``float``/``int``.
+
+    They behave as numbers, but pickled into a checkpoint (a module's saved hyperparameters, a
+    server's state) they would not load under ``torch.load(weights_only=True)``.
+    """
+    if type(value).__module__ == "jsonargparse.typing":
+        return float(value) if isinstance(value, float) else int(value)
+    if isinstance(value, (list, tuple)) and any(type(v).__module__ == "jsonargparse.typing" for v in value):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
 __all__ = [
     "RANGES",
     "Fraction",
@@ -69,4 +83,5 @@ __all__ = [
     "PositiveFloat",
     "PositiveInt",
     "UnitInterval",
+    "plain",
 ]

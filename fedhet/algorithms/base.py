@@ -36,6 +36,7 @@ an example.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.core.payloads import Payload
+from fedhet.core.reuse import guarded_upload, init_hyperparameters
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError
 from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
@@ -203,6 +205,13 @@ class ClientModule(pl.LightningModule):
     ``training_step`` returns (a callback, so client Trainers run without a logger); trained
     on its own under a plain ``Trainer`` with a logger, the module logs ``train/loss`` itself.
 
+    Reusable on its own (``docs/reuse.md``): the init arguments of the whole subclass chain are
+    saved as hyperparameters (``self.hparams``), except modules and tensors, which are weights:
+    ``type(module).load_from_checkpoint(path, model=..., <other module arguments>)``. Every
+    :meth:`make_upload` override is wrapped when the subclass is created so that it runs in eval
+    mode under ``torch.no_grad`` (modes restored afterwards) and returns tensors detached from
+    the module, wherever it is called from.
+
     Declared state: every sub-module is kept across rounds (stored in the client's state) except
     those named in :attr:`received_modules`, which the client only receives from the server
     (FedGen's generator, FedKTL's latent head): they are left out of :meth:`client_state` and
@@ -231,6 +240,9 @@ class ClientModule(pl.LightningModule):
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__()
+        # Once per module (modules are built once per architecture, not per round); the frames
+        # are those of this __init__ and its subclasses' (Lightning's collection, weights left out).
+        self.save_hyperparameters(init_hyperparameters(inspect.currentframe()))
         self.model = model
         self.num_classes = num_classes
         self.optimizer_name: OptimizerName = optimizer
@@ -242,6 +254,13 @@ class ClientModule(pl.LightningModule):
         self.phase = "federation"
         self.round_idx = 0
         self.total_rounds = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Make every ``make_upload`` a subclass defines safe to call anywhere (:func:`guarded_upload`)."""
+        super().__init_subclass__(**kwargs)
+        upload = cls.__dict__.get("make_upload")
+        if upload is not None and not getattr(upload, "__fedhet_guarded__", False):
+            cls.make_upload = guarded_upload(upload)  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ Lightning hooks
     def forward(self, x: Tensor) -> Tensor:
@@ -280,7 +299,11 @@ class ClientModule(pl.LightningModule):
         """Take what the server sent this round (``None`` before the server has anything)."""
 
     def make_upload(self, train_batches: Iterable[Batch]) -> Payload | None:
-        """What leaves the client after local training; ``train_batches`` is its training set in eval order."""
+        """What leaves the client after local training; ``train_batches`` is its training set in eval order.
+
+        Overrides run in eval mode under ``torch.no_grad`` and their tensors come back detached
+        from the module (see the class docstring), so they need not take care of either.
+        """
         return None
 
     def _is_received(self, key: str) -> bool:

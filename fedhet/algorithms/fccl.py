@@ -122,12 +122,6 @@ class FCCLClient(PreviousModelClient):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
 
-    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        if self.stage == PRETRAIN:
-            x, y = batch
-            return F.cross_entropy(self.model(x), y)
-        return super().training_step(batch, batch_idx)
-
     def on_train_start(self) -> None:
         if self.stage != PRETRAIN:
             super().on_train_start()
@@ -148,8 +142,15 @@ class FCCLClient(PreviousModelClient):
             self.pretrained.fill_(True)
 
     def local_loss(self, batch: Batch) -> Tensor:
+        """Cross-entropy while pretraining; then plus the dual-domain distillation from both teachers.
+
+        The stage switch lives here rather than in ``training_step`` so that the base class's
+        ``train/loss`` logging (under a Trainer with a logger) covers pretraining too.
+        """
         x, y = batch
         logits = self.model(x)
+        if self.stage == PRETRAIN:
+            return F.cross_entropy(logits, y)
         with torch.no_grad():
             self.pretrained_model.train(self.teacher_train_mode)
             pretrained_logits = self.pretrained_model(x)
