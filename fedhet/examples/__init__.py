@@ -1,0 +1,1 @@
+"""Small runnable examples of using fedhet's pieces in your own project (see ``docs/reuse.md``)."""
