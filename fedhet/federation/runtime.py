@@ -322,11 +322,8 @@ class ClientRuntime:
 
     def _make_upload(self, module: ClientModule, client_id: int) -> Payload | None:
         train = self.scenario.client_data(client_id).train
-        was_training = module.training
-        module.to(self.device).eval()
-        with torch.no_grad():
-            upload = module.make_upload(self._batches_on_device(train))
-        module.train(was_training)
+        # make_upload runs in eval mode without gradients by contract (ClientModule guards every override)
+        upload = module.to(self.device).make_upload(self._batches_on_device(train))
         if upload is None:
             return None
         return dataclasses.replace(upload.to("cpu"), num_examples=len(train))
