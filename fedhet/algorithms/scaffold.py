@@ -183,9 +183,7 @@ class ScaffoldClient(FedAvgClient):
         self.update_control_variate()
 
     def make_upload(self, train_batches: Iterable[Batch]) -> ScaffoldPayload:
-        delta = self.delta_control or {
-            name: torch.zeros_like(c) for name, c in self.control_variate.as_dict().items()
-        }
+        delta = self.delta_control or {name: torch.zeros_like(c) for name, c in self.control_variate.as_dict().items()}
         return ScaffoldPayload(weights=clone_state(self.model.state_dict()), control=clone_state(delta))
 
 
