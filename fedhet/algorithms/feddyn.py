@@ -4,18 +4,19 @@ Paper: Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2
 With ``theta^{t-1}`` the global model of the last round, ``P_t`` the round's participants and
 ``m`` the number of all clients:
 
-* client ``k`` in ``P_t`` (Alg. 1 line 6):
+* client ``k`` in ``P_t`` (the local problem):
   ``theta_k^t = argmin_theta L_k(theta) - <grad L_k(theta_k^{t-1}), theta> + alpha/2 ||theta - theta^{t-1}||^2``,
   approximated by the configured local budget of the local optimizer;
-* its gradient state (Alg. 1 line 7):
+* its gradient state (the state update):
   ``grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})``, from 0;
-* server (Alg. 1 lines 10-11): ``h^t = h^{t-1} - alpha (1/m) sum_{k in P_t} (theta_k^t - theta^{t-1})``
+* server (the server update): ``h^t = h^{t-1} - alpha (1/m) sum_{k in P_t} (theta_k^t - theta^{t-1})``
   from ``h^0 = 0``, then ``theta^t = (1/|P_t|) sum_{k in P_t} theta_k^t - (1/alpha) h^t``.
 
-Line 7 is the first-order optimality condition of line 6's exact minimiser, so after an exactly
-solved local problem the state *is* the local gradient there (tested), and ``h^t`` is
-``(1/m) sum_k grad L_k(theta_k^t)`` over all clients. ``alpha = 0.01``: FedFTG's setting
-(reference/fedftg.md sec. 3) and the official code's default (the paper searches {0.1, 0.01, 0.001}).
+The state update is the first-order optimality condition of the local problem's exact
+minimiser, so after an exactly solved local problem the state *is* the local gradient there
+(tested), and ``h^t`` stays ``(1/m) sum_k grad L_k(theta_k^t)`` over all clients (tested).
+``alpha = 0.01``: FedFTG's setting (reference/fedftg.md sec. 3) and ``alpha_coef`` of the official
+example (github.com/alpemreacar/FedDyn, ``example_cifar_10.py``).
 
 Upload: the client's model weights (``WeightsPayload``, BatchNorm buffers included) and its number
 of examples.
@@ -30,12 +31,12 @@ Deviations from paper/official code:
 
 * buffers (BatchNorm running statistics, ``num_batches_tracked``) are not optimisation variables:
   the server averages them uniformly over the participants (integers rounded) without the ``h``
-  correction; the paper's models have no BatchNorm, the FedFTG code (built on FedDyn's) averages
-  the whole state dict;
-* one ``alpha`` for every client as in Algorithm 1; the official code divides it by each client's
-  relative data size (``alpha / (n_k m / n)``);
-* the local problem is solved inexactly (the configured epochs or steps), as in every
-  experiment of the paper; optimizer weight decay, if set, is added on top of the objective;
+  correction (the paper does not discuss BatchNorm; the FedFTG code, built on FedDyn's, averages
+  the whole state dict);
+* one ``alpha`` for every client as in Algorithm 1; the official code scales it per client,
+  ``alpha / w_k`` with ``w_k = n_k m / n`` (clients with more data are regularised less);
+* the local problem is solved inexactly (the configured epochs or steps of the local optimizer,
+  as the official code does with SGD); optimizer weight decay, if set, is added on top;
 * the logged ``train/loss`` is the whole local objective (cross-entropy plus the two penalties),
   which may be negative.
 """
@@ -66,7 +67,7 @@ class FedDynClient(FedAvgClient):
     """Cross-entropy minus ``<grad L_k(theta_k^{t-1}), theta>`` plus ``alpha/2 ||theta - theta^{t-1}||^2``.
 
     The gradient state is a declared buffer per parameter (``gradient_state``), updated once at
-    the end of each local update (``on_train_end``) as Algorithm 1 line 7.
+    the end of each local update (``on_train_end``) by Algorithm 1's state update.
 
     Args:
         model: the backbone.
@@ -120,7 +121,7 @@ class FedDynClient(FedAvgClient):
 
     @torch.no_grad()
     def update_gradient_state(self) -> None:
-        """``grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})`` (Alg. 1 line 7)."""
+        """``grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})`` (Alg. 1)."""
         if not self.reference:
             return  # purely local training (no download this step): Algorithm 1 has no such step
         for state, param, reference in zip(
@@ -133,7 +134,7 @@ class FedDynClient(FedAvgClient):
 
 
 class FedDynServer(FedAvgServer):
-    """FedDyn's server: ``h`` and the corrected mean of Algorithm 1 lines 10-11, per architecture.
+    """FedDyn's server: ``h`` and the corrected mean of Algorithm 1's server update, per architecture.
 
     The mean is uniform over the round's participants (``1/|P_t|``), ``h`` divides by the number of
     all clients of the architecture (``m``); buffers are averaged without correction.

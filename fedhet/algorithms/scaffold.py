@@ -1,14 +1,14 @@
 """SCAFFOLD: local SGD corrected by control variates (option II).
 
 Paper: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
-ICML 2020, Algorithm 1 with option II (Eq. 4). With ``x`` the server model, ``c`` the server
-control variate, ``c_i`` client ``i``'s (all from 0), ``S`` the round's participants, ``N`` all
-clients, ``eta_l`` the local and ``eta_g`` the global learning rate:
+ICML 2020, Algorithm 1 with option II of the control-variate update. With ``x`` the server
+model, ``c`` the server control variate, ``c_i`` client ``i``'s (all from 0), ``S`` the round's
+participants, ``N`` all clients, ``eta_l`` the local and ``eta_g`` the global learning rate:
 
-* client (lines 7-10): ``y_i <- x``; ``K`` steps ``y_i <- y_i - eta_l (g_i(y_i) - c_i + c)``;
+* client: ``y_i <- x``; ``K`` steps ``y_i <- y_i - eta_l (g_i(y_i) - c_i + c)``;
   ``c_i^+ = c_i - c + (x - y_i) / (K eta_l)`` (option II); upload
   ``(Delta y_i, Delta c_i) = (y_i - x, c_i^+ - c_i)``; ``c_i <- c_i^+``;
-* server (lines 16-17): ``x <- x + eta_g (1/|S|) sum_{i in S} Delta y_i`` and
+* server: ``x <- x + eta_g (1/|S|) sum_{i in S} Delta y_i`` and
   ``c <- c + (|S|/N) (1/|S|) sum_{i in S} Delta c_i``.
 
 The correction ``c - c_i`` is added to every parameter's gradient in ``on_before_optimizer_step``,
@@ -18,7 +18,7 @@ sum of the learning rates of the steps actually taken (``K eta_l`` for a constan
 
 Upload: the local model ``y_i`` (whole ``state_dict``, BatchNorm buffers included; the server
 forms ``Delta y_i = y_i - x``, the same bytes) and ``Delta c_i`` (one tensor per parameter):
-about twice the model, as the paper says (:class:`ScaffoldPayload`).
+about twice FedAvg's upload, as the paper notes (:class:`ScaffoldPayload`).
 Download: ``x`` and ``c``, again about twice the model.
 Server phase: closed form, the two lines above per architecture (:class:`ScaffoldServer`, a
 :class:`FedAvgServer` with a uniform mean, the global step and ``c``); ``acc_server`` evaluates ``x``.
@@ -37,9 +37,13 @@ Deviations from paper/official code:
   control variate (the FedFTG code also skips BN buffers in the correction);
 * a client that took no step this round keeps its ``c_i`` (``Delta c_i = 0``): option II is
   undefined for ``K = 0``;
-* the mean over participants is uniform as in Algorithm 1 (the FedDyn code base behind FedFTG
-  weights by data size); ``x`` in the ``c_i`` update is the model the client actually received
-  (after any server refinement), not the previous plain average (reference/fedftg.md A9).
+* the mean of ``Delta y_i`` is uniform, as in Algorithm 1 and the SCAFFOLD of the FedDyn code
+  base behind FedFTG (github.com/alpemreacar/FedDyn, ``train_SCAFFOLD``); that code also corrects
+  with ``c / w_i - c_i`` and adds ``w_i Delta c_i`` to ``c`` (``w_i = n_i N / n``, 1 for equal
+  client sizes), fixes ``K`` to a number of mini-batches and divides by the undecayed ``eta_l``;
+  here ``K eta_l`` is what the local budget actually took;
+* ``x`` in the ``c_i`` update is the model the client received (after any server refinement),
+  not the previous plain average (reference/fedftg.md A9).
 """
 
 from __future__ import annotations
@@ -143,7 +147,7 @@ class ScaffoldClient(FedAvgClient):
 
     @torch.no_grad()
     def correct_gradients(self) -> None:
-        """``g <- g + c - c_i`` on every trainable parameter (Alg. 1 line 9)."""
+        """``g <- g + c - c_i`` on every trainable parameter (Alg. 1's corrected local step)."""
         for param, correction in zip(self.model.parameters(), self.correction, strict=True):
             if not param.requires_grad:
                 continue

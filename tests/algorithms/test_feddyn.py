@@ -54,7 +54,7 @@ def test_feddyn_client_gradient_by_hand():
 
 
 def test_feddyn_gradient_state_update_by_hand_is_declared_state():
-    """The state update g -= alpha (theta_k - theta^{t-1}) (Alg. 1 line 7) is stored and survives a reload."""
+    """The state update g -= alpha (theta_k - theta^{t-1}) (Alg. 1) is stored and survives a reload."""
     client = _moved_client(alpha=0.5)
     client.on_train_end()
     # body: 0.5 - 0.5 * 1 = 0; head [1, 1]: 0.25 - 0.5 * 2 = -0.75
@@ -148,7 +148,7 @@ def test_feddyn_one_step_closed_form_is_twice_the_fedavg_step_for_any_alpha(alph
 
 
 def test_feddyn_state_update_is_the_local_gradient_at_the_exact_minimiser():
-    """Solved to convergence, line 7's state equals grad CE at theta_k (line 6's first-order condition)."""
+    """Solved to convergence, the updated state equals grad CE at theta_k (first-order condition)."""
     client = FedDynClient(TinyLinear(), num_classes=2, alpha=1.0, lr=0.5)
     with torch.no_grad():
         client.gradient_state.head.weight.copy_(torch.tensor([[0.3, -0.2], [0.1, 0.4]]))
