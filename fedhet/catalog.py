@@ -22,6 +22,8 @@ METHODS: dict[str, str] = {
     "local": "fedhet.algorithms.Local",
     "fedavg": "fedhet.algorithms.FedAvg",
     "fedprox": "fedhet.algorithms.FedProx",
+    "feddyn": "fedhet.algorithms.FedDyn",
+    "scaffold": "fedhet.algorithms.SCAFFOLD",
     "fedproto": "fedhet.algorithms.FedProto",
     "moon": "fedhet.algorithms.MOON",
     "fedproc": "fedhet.algorithms.FedProc",

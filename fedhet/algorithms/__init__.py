@@ -23,6 +23,7 @@ from fedhet.algorithms.fd import FD
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.feddf import FedDF
 from fedhet.algorithms.feddf_server import FedDFServer
+from fedhet.algorithms.feddyn import FedDyn
 from fedhet.algorithms.fedgen import FedGen
 from fedhet.algorithms.fedgh import FedGH
 from fedhet.algorithms.fedkd import FedKD
@@ -39,6 +40,7 @@ from fedhet.algorithms.lg_fedavg import LGFedAvg
 from fedhet.algorithms.local import Local
 from fedhet.algorithms.moon import MOON
 from fedhet.algorithms.rhfl import RHFL
+from fedhet.algorithms.scaffold import SCAFFOLD
 from fedhet.errors import ConfigError
 
 #: Registry: config name -> Algorithm class. Names are the experiment config file names.
@@ -46,6 +48,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "local": Local,
     "fedavg": FedAvg,
     "fedprox": FedProx,
+    "feddyn": FedDyn,
+    "scaffold": SCAFFOLD,
     "fedproto": FedProto,
     "moon": MOON,
     "fedproc": FedProc,
@@ -96,6 +100,7 @@ __all__ = [
     "FedAvg",
     "FedDF",
     "FedDFServer",
+    "FedDyn",
     "FedGH",
     "FedGen",
     "FedKD",
@@ -114,6 +119,7 @@ __all__ = [
     "RHFL",
     "RefineStage",
     "RunPhase",
+    "SCAFFOLD",
     "ServerPhase",
     "ServerPlugin",
     "ServerRefinement",

@@ -2,6 +2,8 @@
 
 * weight sharing: :class:`SubmoduleAveragingServer` (FedAvg and its family, LG-FedAvg's head,
   FML's meme) and :class:`SubmoduleSharingClient`;
+* per-parameter client state kept across rounds: :class:`ParameterBuffers` (FedDyn's gradient
+  state, SCAFFOLD's control variate);
 * class statistics: :class:`ClassMeanRegularizedClient` / :class:`FedProtoClient` (FedProto, FD,
   FedGH, FedTGP) and :class:`ClassMeanServer`;
 * servers trained on uploaded prototypes: :class:`PrototypeTrainingServer` (FedGH, FedTGP);
@@ -181,6 +183,43 @@ class SubmoduleAveragingServer(ServerPhase):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.global_by_architecture = {a: dict(w) for a, w in state["global_by_architecture"].items()}
         self.aggregated = set(state.get("aggregated", ()))
+
+
+class ParameterBuffers(nn.Module):
+    """One zero-initialised buffer per parameter of ``module``, under the parameter's own name.
+
+    Per-parameter client state that must persist between rounds (FedDyn's gradient state
+    ``grad L_k(theta_k)``, SCAFFOLD's control variate ``c_i``): registered as a sub-module of the
+    client, its buffers are in the client's state dict and so stored by the state store, moved to
+    the accelerator with the module and restored by ``load_client_state``. The buffers sit in
+    nested sub-modules mirroring the parameter paths, so ``model.body.0.weight``'s buffer has
+    the key ``<attribute>.body.0.weight`` in the client's state.
+
+    Args:
+        module: the module whose parameters are mirrored (the client's backbone).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.names: tuple[str, ...] = tuple(name for name, _ in module.named_parameters())
+        for name, parameter in module.named_parameters():
+            *path, leaf = name.split(".")
+            owner: nn.Module = self
+            for part in path:
+                if part not in owner._modules:
+                    owner.add_module(part, nn.Module())
+                child = owner._modules[part]
+                assert child is not None
+                owner = child
+            owner.register_buffer(leaf, torch.zeros_like(parameter, requires_grad=False))
+
+    def tensors(self) -> list[Tensor]:
+        """The buffers in the order of ``module.named_parameters()``."""
+        return [self.get_buffer(name) for name in self.names]
+
+    def as_dict(self) -> dict[str, Tensor]:
+        """``{parameter name: buffer}`` (the live tensors, not copies)."""
+        return dict(zip(self.names, self.tensors(), strict=True))
 
 
 HEAD_PREFIX = "head."

@@ -52,7 +52,7 @@ from fedhet.functional.prototype_learning import (
     prototype_examples,
 )
 from fedhet.functional.prototypes import class_means
-from fedhet.functional.regularizers import proximal_term
+from fedhet.functional.regularizers import linear_term, proximal_term
 
 __all__ = [
     "client_confidence_weights",
@@ -98,6 +98,7 @@ __all__ = [
     "instance_similarity",
     "kd_loss",
     "linear_round_decay",
+    "linear_term",
     "proximal_term",
     "rbf_mmd2",
     "simplex_etf",

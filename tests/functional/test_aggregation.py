@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fedhet.functional import aggregate_class_means, class_means, proximal_term, weighted_average
+from fedhet.functional import aggregate_class_means, class_means, linear_term, proximal_term, weighted_average
 
 
 def test_weighted_average_hand_values():
@@ -65,3 +65,14 @@ def test_proximal_term_and_gradient():
     assert term.item() == pytest.approx(0.25 + 4.0)
     term.backward()
     assert torch.allclose(w.grad, 2 * (w.detach() - ref))
+
+
+def test_linear_term_and_gradient():
+    """FedDyn's <g, w> sums over parameters; its gradient is g, and g itself gets none."""
+    w, v = torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([[3.0]], requires_grad=True)
+    g = [torch.tensor([0.5, -1.0], requires_grad=True), torch.tensor([[2.0]])]
+    term = linear_term([w, v], g)
+    assert term.item() == pytest.approx(0.5 - 2.0 + 6.0)
+    term.backward()
+    assert torch.equal(w.grad, torch.tensor([0.5, -1.0])) and torch.equal(v.grad, torch.tensor([[2.0]]))
+    assert g[0].grad is None

@@ -1,0 +1,220 @@
+"""FedDyn: federated learning with dynamic regularisation (a linear and a quadratic local penalty).
+
+Paper: Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021, Algorithm 1.
+With ``theta^{t-1}`` the global model of the last round, ``P_t`` the round's participants and
+``m`` the number of all clients:
+
+* client ``k`` in ``P_t`` (the local problem):
+  ``theta_k^t = argmin_theta L_k(theta) - <grad L_k(theta_k^{t-1}), theta> + alpha/2 ||theta - theta^{t-1}||^2``,
+  approximated by the configured local budget of the local optimizer;
+* its gradient state (the state update):
+  ``grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})``, from 0;
+* server (the server update): ``h^t = h^{t-1} - alpha (1/m) sum_{k in P_t} (theta_k^t - theta^{t-1})``
+  from ``h^0 = 0``, then ``theta^t = (1/|P_t|) sum_{k in P_t} theta_k^t - (1/alpha) h^t``.
+
+The state update is the first-order optimality condition of the local problem's exact
+minimiser, so after an exactly solved local problem the state *is* the local gradient there
+(tested), and ``h^t`` stays ``(1/m) sum_k grad L_k(theta_k^t)`` over all clients (tested).
+``alpha = 0.01``: FedFTG's setting (reference/fedftg.md sec. 3) and ``alpha_coef`` of the official
+example (github.com/alpemreacar/FedDyn, ``example_cifar_10.py``).
+
+Upload: the client's model weights (``WeightsPayload``, BatchNorm buffers included) and its number
+of examples.
+Download: the global model weights ``theta^t``.
+Server phase: closed form, the two lines above on the model's parameters, per architecture
+(:class:`FedDynServer`, a :class:`FedAvgServer` with a uniform mean and the state ``h``);
+``acc_server`` evaluates ``theta^t``.
+Client state kept across rounds: the gradient state ``grad L_k(theta_k)`` (one buffer per
+parameter, :class:`ParameterBuffers` ``gradient_state``) and the optimizer state; the weights are
+overwritten by each download, and the regulariser's centre ``theta^{t-1}`` is the download.
+Deviations from paper/official code:
+
+* buffers (BatchNorm running statistics, ``num_batches_tracked``) are not optimisation variables:
+  the server averages them uniformly over the participants (integers rounded) without the ``h``
+  correction (the paper does not discuss BatchNorm; the FedFTG code, built on FedDyn's, averages
+  the whole state dict);
+* one ``alpha`` for every client as in Algorithm 1; the official code scales it per client,
+  ``alpha / w_k`` with ``w_k = n_k m / n`` (clients with more data are regularised less);
+* the local problem is solved inexactly (the configured epochs or steps of the local optimizer,
+  as the official code does with SGD); optimizer weight decay, if set, is added on top;
+* the logged ``train/loss`` is the whole local objective (cross-entropy plus the two penalties),
+  which may be negative.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, OptimizerName, ServerContext, ServerPhase
+from fedhet.algorithms.common import ParameterBuffers, state_with_prefix
+from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
+from fedhet.core.payloads import Payload, WeightsPayload
+from fedhet.errors import ConfigError
+from fedhet.functional import linear_term, proximal_term
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
+
+#: Where a FedDyn client keeps ``grad L_k(theta_k)`` in its state dict.
+GRADIENT_STATE = "gradient_state"
+
+
+class FedDynClient(FedAvgClient):
+    """Cross-entropy minus ``<grad L_k(theta_k^{t-1}), theta>`` plus ``alpha/2 ||theta - theta^{t-1}||^2``.
+
+    The gradient state is a declared buffer per parameter (``gradient_state``), updated once at
+    the end of each local update (``on_train_end``) by Algorithm 1's state update.
+
+    Args:
+        model: the backbone.
+        num_classes: number of classes.
+        alpha: the dynamic regularisation coefficient.
+        optimizer: local optimizer.
+        lr: local learning rate.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        alpha: float = 0.01,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+        self.alpha = alpha
+        self.gradient_state = ParameterBuffers(model)
+        self.reference: list[Tensor] = []
+
+    def load_client_state(self, state: Mapping[str, Tensor]) -> None:
+        super().load_client_state(state)
+        self.reference = []  # the live module is shared by clients: no centre until this client's download
+
+    def on_receive(self, download: Payload | None) -> None:
+        super().on_receive(download)
+        self.reference = (
+            [p.detach().clone() for p in self.model.parameters()] if isinstance(download, WeightsPayload) else []
+        )
+
+    def on_fit_start(self) -> None:
+        self.reference = [r.to(self.device) for r in self.reference]
+
+    def local_loss(self, batch: Batch) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.model(x), y)
+        if self.reference:
+            params = list(self.model.parameters())
+            loss = (
+                loss
+                - linear_term(params, self.gradient_state.tensors())
+                + self.alpha / 2 * proximal_term(params, self.reference)
+            )
+        return loss
+
+    @torch.no_grad()
+    def update_gradient_state(self) -> None:
+        """``grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})`` (Alg. 1)."""
+        if not self.reference:
+            return  # purely local training (no download this step): Algorithm 1 has no such step
+        for state, param, reference in zip(
+            self.gradient_state.tensors(), self.model.parameters(), self.reference, strict=True
+        ):
+            state.sub_(self.alpha * (param - reference.to(param.device)))
+
+    def on_train_end(self) -> None:
+        self.update_gradient_state()
+
+
+class FedDynServer(FedAvgServer):
+    """FedDyn's server: ``h`` and the corrected mean of Algorithm 1's server update, per architecture.
+
+    The mean is uniform over the round's participants (``1/|P_t|``), ``h`` divides by the number of
+    all clients of the architecture (``m``); buffers are averaged without correction.
+
+    Args:
+        alpha: the dynamic regularisation coefficient (the clients' ``alpha``).
+    """
+
+    def __init__(self, alpha: float = 0.01) -> None:
+        super().__init__()
+        self.weighting = "uniform"
+        self.alpha = alpha
+        self.h_by_architecture: dict[str, dict[str, Tensor]] = {}
+        self.clients_by_architecture: dict[str, int] = {}
+
+    def setup(self, context: ServerContext) -> None:
+        super().setup(context)
+        self.clients_by_architecture = dict(Counter(self.group(a) for a in context.architectures))
+        for client_id, architecture in enumerate(context.architectures):
+            key = self.group(architecture)
+            if key in self.h_by_architecture:
+                continue
+            state = state_with_prefix(context.initial_client_state(client_id), GRADIENT_STATE + ".")
+            if not state:
+                raise ConfigError("FedDynServer needs FedDyn clients (no 'gradient_state' in the client state)")
+            self.h_by_architecture[key] = {name: torch.zeros_like(value) for name, value in state.items()}
+
+    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
+        super().aggregate(round_idx, uploads)  # validates; global <- uniform mean of the uploads
+        groups: dict[str, list[ClientUpload]] = {}
+        for upload in uploads:
+            groups.setdefault(self.group(upload.architecture), []).append(upload)
+        for key, members in groups.items():
+            h, mean, before = self.h_by_architecture[key], self.global_by_architecture[key], previous[key]
+            m = self.clients_by_architecture[key]
+            for name, h_old in h.items():
+                drift = torch.stack([u.payload.weights[name].double() for u in members]).sum(0)  # type: ignore[attr-defined]
+                drift = drift - len(members) * before[name].double()  # sum_{k in P_t} (theta_k - theta^{t-1})
+                h_new = h_old.double() - self.alpha / m * drift
+                h[name] = h_new.to(h_old.dtype)
+                mean[name] = (mean[name].double() - h_new / self.alpha).to(mean[name].dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "h_by_architecture": self.h_by_architecture}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.h_by_architecture = {a: dict(h) for a, h in state["h_by_architecture"].items()}
+
+
+class FedDyn(FedAvg):
+    """FedDyn (homogeneous models only).
+
+    Args:
+        alpha: the dynamic regularisation coefficient (> 0; FedFTG and the official code use 0.01).
+        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
+        lr: local learning rate.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay.
+    """
+
+    def __init__(
+        self,
+        alpha: PositiveFloat = 0.01,
+        optimizer: OptimizerName = "sgd",
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
+    ) -> None:
+        super().__init__(optimizer, lr, momentum, weight_decay)
+        if alpha <= 0:
+            raise ConfigError(f"FedDyn: alpha={alpha} must be > 0 (the server divides by it)")
+        self.alpha = alpha
+
+    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
+        return FedDynClient(model, num_classes, alpha=self.alpha, **self.optimizer_kwargs())
+
+    def build_server(self) -> ServerPhase:
+        return FedDynServer(alpha=self.alpha)
+
+
+__all__ = ["FedDyn", "FedDynClient", "FedDynServer"]

@@ -1,0 +1,294 @@
+"""SCAFFOLD: local SGD corrected by control variates (option II).
+
+Paper: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
+ICML 2020, Algorithm 1 with option II of the control-variate update. With ``x`` the server
+model, ``c`` the server control variate, ``c_i`` client ``i``'s (all from 0), ``S`` the round's
+participants, ``N`` all clients, ``eta_l`` the local and ``eta_g`` the global learning rate:
+
+* client: ``y_i <- x``; ``K`` steps ``y_i <- y_i - eta_l (g_i(y_i) - c_i + c)``;
+  ``c_i^+ = c_i - c + (x - y_i) / (K eta_l)`` (option II); upload
+  ``(Delta y_i, Delta c_i) = (y_i - x, c_i^+ - c_i)``; ``c_i <- c_i^+``;
+* server: ``x <- x + eta_g (1/|S|) sum_{i in S} Delta y_i`` and
+  ``c <- c + (|S|/N) (1/|S|) sum_{i in S} Delta c_i``.
+
+The correction ``c - c_i`` is added to every parameter's gradient in ``on_before_optimizer_step``,
+after the (accumulated, unscaled) backward pass and before Lightning's gradient clipping and the
+optimizer step, so it works in the lean Trainer the runtime builds. ``K eta_l`` is measured as the
+sum of the learning rates of the steps actually taken (``K eta_l`` for a constant rate).
+
+Upload: the local model ``y_i`` (whole ``state_dict``, BatchNorm buffers included; the server
+forms ``Delta y_i = y_i - x``, the same bytes) and ``Delta c_i`` (one tensor per parameter):
+about twice FedAvg's upload, as the paper notes (:class:`ScaffoldPayload`).
+Download: ``x`` and ``c``, again about twice the model.
+Server phase: closed form, the two lines above per architecture (:class:`ScaffoldServer`, a
+:class:`FedAvgServer` with a uniform mean, the global step and ``c``); ``acc_server`` evaluates ``x``.
+Client state kept across rounds: ``c_i`` (one buffer per parameter, :class:`ParameterBuffers`
+``control_variate``); the weights are overwritten by each download; plain SGD keeps no
+optimizer state.
+Optimizer: plain SGD only (``momentum = 0``; ``ConfigError`` otherwise). Option II reads the
+average corrected gradient off the displacement, ``(x - y_i) / (K eta_l)``, which holds for plain
+SGD steps; heavy-ball momentum ``beta`` stretches the displacement by about ``1 / (1 - beta)`` (10x
+at 0.9) and Adam's steps are not ``eta_l g`` at all, so ``c_i`` would no longer estimate the
+client's gradient. Weight decay is allowed: it is part of ``g_i`` and so of ``c_i``.
+Deviations from paper/official code:
+
+* buffers (BatchNorm running statistics, ``num_batches_tracked``) are not optimisation variables:
+  they are averaged uniformly over the participants (integers rounded), with no global step and no
+  control variate (the FedFTG code also skips BN buffers in the correction);
+* a client that took no step this round keeps its ``c_i`` (``Delta c_i = 0``): option II is
+  undefined for ``K = 0``;
+* the mean of ``Delta y_i`` is uniform, as in Algorithm 1 and the SCAFFOLD of the FedDyn code
+  base behind FedFTG (github.com/alpemreacar/FedDyn, ``train_SCAFFOLD``); that code also corrects
+  with ``c / w_i - c_i`` and adds ``w_i Delta c_i`` to ``c`` (``w_i = n_i N / n``, 1 for equal
+  client sizes), fixes ``K`` to a number of mini-batches and divides by the undecayed ``eta_l``;
+  here ``K eta_l`` is what the local budget actually took;
+* ``x`` in the ``c_i`` update is the model the client received (after any server refinement),
+  not the previous plain average (reference/fedftg.md A9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, OptimizerName, ServerContext, ServerPhase
+from fedhet.algorithms.common import ParameterBuffers, state_with_prefix
+from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
+from fedhet.core.payloads import Payload, WeightsPayload, check_shape
+from fedhet.core.state import clone_state
+from fedhet.errors import ConfigError, TrainingError
+from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
+
+#: Where a SCAFFOLD client keeps ``c_i`` in its state dict.
+CONTROL_VARIATE = "control_variate"
+
+
+@dataclass(frozen=True)
+class ScaffoldPayload(WeightsPayload):
+    """Model weights plus one control-variate tensor per parameter.
+
+    Download: ``weights`` = the server model ``x``, ``control`` = ``c``. Upload: ``weights`` = the
+    local model ``y_i``, ``control`` = ``Delta c_i``. Both fields are counted by :meth:`nbytes`.
+    """
+
+    control: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+
+    def validate_control(self, reference: Mapping[str, Tensor], sender: str = "client") -> None:
+        """Validate values, then the control variate's keys and shapes against ``reference``."""
+        self.validate(sender)
+        if set(self.control) != set(reference):
+            missing = sorted(set(reference) - set(self.control))[:3]
+            extra = sorted(set(self.control) - set(reference))[:3]
+            raise TrainingError(
+                f"{sender} sent a control variate whose keys differ from the model's parameters "
+                f"(missing {missing}, unexpected {extra})"
+            )
+        for key, tensor in self.control.items():
+            check_shape(sender, f"control.{key}", tensor, tuple(reference[key].shape))
+
+
+class ScaffoldClient(FedAvgClient):
+    """Cross-entropy with every SGD step's gradient corrected by ``c - c_i``; option II update of ``c_i``.
+
+    Args:
+        model: the backbone.
+        num_classes: number of classes.
+        optimizer: local optimizer (``"sgd"``).
+        lr: local learning rate ``eta_l``.
+        momentum: SGD momentum (0).
+        weight_decay: L2 weight decay.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+        self.control_variate = ParameterBuffers(model)
+        self._reset_round()
+
+    def _reset_round(self) -> None:
+        """Forget what belongs to one client's round (the live module is shared by clients)."""
+        self.received: list[Tensor] = []  # x, the model this round started from
+        self.server_control: list[Tensor] = []  # c
+        self.correction: list[Tensor] = []  # c - c_i, fixed during the local update
+        self.lr_sum = 0.0  # sum of the step sizes taken: K * eta_l for a constant rate
+        self.delta_control: dict[str, Tensor] = {}
+
+    def load_client_state(self, state: Mapping[str, Tensor]) -> None:
+        super().load_client_state(state)
+        self._reset_round()
+
+    def on_receive(self, download: Payload | None) -> None:
+        self._reset_round()
+        super().on_receive(download)
+        if isinstance(download, ScaffoldPayload):
+            self.received = [p.detach().clone() for p in self.model.parameters()]
+            self.server_control = [download.control[name].detach().clone() for name in self.control_variate.names]
+
+    def on_fit_start(self) -> None:
+        self.received = [x.to(self.device) for x in self.received]
+        self.server_control = [c.to(self.device) for c in self.server_control]
+        if self.server_control:
+            self.correction = [
+                c - c_i for c, c_i in zip(self.server_control, self.control_variate.tensors(), strict=True)
+            ]
+
+    @torch.no_grad()
+    def correct_gradients(self) -> None:
+        """``g <- g + c - c_i`` on every trainable parameter (Alg. 1's corrected local step)."""
+        for param, correction in zip(self.model.parameters(), self.correction, strict=True):
+            if not param.requires_grad:
+                continue
+            if param.grad is None:
+                param.grad = correction.clone()  # unused in this step's loss: the correction alone
+            else:
+                param.grad.add_(correction)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.correction:
+            return
+        self.correct_gradients()
+        self.lr_sum += float(optimizer.param_groups[0]["lr"])
+
+    @torch.no_grad()
+    def update_control_variate(self) -> None:
+        """``c_i^+ = c_i - c + (x - y_i) / (K eta_l)``; keeps ``Delta c_i = c_i^+ - c_i`` for the upload."""
+        if not self.received:
+            return  # purely local training (no download): nothing to update
+        names = self.control_variate.names
+        if self.lr_sum <= 0:
+            self.delta_control = {name: torch.zeros_like(c) for name, c in zip(names, self.server_control, strict=True)}
+            return
+        for name, c_i, c, x, y in zip(
+            names,
+            self.control_variate.tensors(),
+            self.server_control,
+            self.received,
+            self.model.parameters(),
+            strict=True,
+        ):
+            updated = c_i - c + (x - y) / self.lr_sum
+            self.delta_control[name] = updated - c_i
+            c_i.copy_(updated)
+
+    def on_train_end(self) -> None:
+        self.update_control_variate()
+
+    def make_upload(self, train_batches: Iterable[Batch]) -> ScaffoldPayload:
+        delta = self.delta_control or {name: torch.zeros_like(c) for name, c in self.control_variate.as_dict().items()}
+        return ScaffoldPayload(weights=clone_state(self.model.state_dict()), control=clone_state(delta))
+
+
+class ScaffoldServer(FedAvgServer):
+    """SCAFFOLD's server: ``x <- x + eta_g mean Delta y_i``, ``c <- c + (1/N) sum Delta c_i``, per architecture.
+
+    Args:
+        global_lr: the global step size ``eta_g`` (1: ``x`` is the participants' uniform mean).
+    """
+
+    def __init__(self, global_lr: float = 1.0) -> None:
+        super().__init__()
+        self.weighting = "uniform"
+        self.global_lr = global_lr
+        self.control_by_architecture: dict[str, dict[str, Tensor]] = {}
+        self.clients_by_architecture: dict[str, int] = {}
+
+    def setup(self, context: ServerContext) -> None:
+        super().setup(context)
+        self.clients_by_architecture = dict(Counter(self.group(a) for a in context.architectures))
+        for client_id, architecture in enumerate(context.architectures):
+            key = self.group(architecture)
+            if key in self.control_by_architecture:
+                continue
+            state = state_with_prefix(context.initial_client_state(client_id), CONTROL_VARIATE + ".")
+            if not state:
+                raise ConfigError("ScaffoldServer needs SCAFFOLD clients (no 'control_variate' in the client state)")
+            self.control_by_architecture[key] = {name: torch.zeros_like(value) for name, value in state.items()}
+
+    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        for upload in uploads:
+            if not isinstance(upload.payload, ScaffoldPayload):
+                raise TrainingError(f"client {upload.client_id} sent {type(upload.payload).__name__}, not SCAFFOLD's")
+            reference = self.control_by_architecture[self.group(upload.architecture)]
+            upload.payload.validate_control(reference, f"client {upload.client_id}")
+        previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
+        super().aggregate(round_idx, uploads)  # validates the weights; global <- uniform mean (buffers)
+        groups: dict[str, list[ClientUpload]] = {}
+        for upload in uploads:
+            groups.setdefault(self.group(upload.architecture), []).append(upload)
+        for key, members in groups.items():
+            control, model, x = self.control_by_architecture[key], self.global_by_architecture[key], previous[key]
+            total = self.clients_by_architecture[key]
+            for name, c in control.items():
+                ys = torch.stack([u.payload.weights[name].double() for u in members])  # type: ignore[attr-defined]
+                delta_y = ys.mean(0) - x[name].double()  # (1/|S|) sum (y_i - x)
+                model[name] = (x[name].double() + self.global_lr * delta_y).to(x[name].dtype)
+                delta_c = torch.stack([u.payload.control[name].double() for u in members]).sum(0)  # type: ignore[attr-defined]
+                control[name] = (c.double() + delta_c / total).to(c.dtype)  # (|S|/N) * mean = sum / N
+
+    def download_for(self, client_id: int) -> ScaffoldPayload:
+        key = self.group(self.architectures[client_id])
+        return ScaffoldPayload(weights=self.global_by_architecture[key], control=self.control_by_architecture[key])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "control_by_architecture": self.control_by_architecture}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.control_by_architecture = {a: dict(c) for a, c in state["control_by_architecture"].items()}
+
+
+class SCAFFOLD(FedAvg):
+    """SCAFFOLD, option II (homogeneous models only; plain SGD).
+
+    Args:
+        global_lr: the server step size ``eta_g`` (1: the participants' mean, the paper's and
+            FedFTG's setting).
+        optimizer: local optimizer; only ``"sgd"`` (the correction is of SGD steps).
+        lr: local learning rate ``eta_l``.
+        momentum: SGD momentum; must be 0 (option II's ``c_i`` assumes plain SGD steps).
+        weight_decay: L2 weight decay.
+    """
+
+    upload_type = ScaffoldPayload
+    download_type = ScaffoldPayload
+
+    def __init__(
+        self,
+        global_lr: PositiveFloat = 1.0,
+        optimizer: OptimizerName = "sgd",
+        lr: PositiveFloat = 0.01,
+        momentum: Momentum = 0.0,
+        weight_decay: NonNegativeFloat = 0.0,
+    ) -> None:
+        super().__init__(optimizer, lr, momentum, weight_decay)
+        if optimizer != "sgd":
+            raise ConfigError(f"SCAFFOLD corrects SGD steps: set method.optimizer=sgd (got {optimizer!r})")
+        if momentum != 0:
+            raise ConfigError(
+                f"SCAFFOLD's option II control variates assume plain SGD: set method.momentum=0 (got {momentum})"
+            )
+        if global_lr <= 0:
+            raise ConfigError(f"SCAFFOLD: global_lr={global_lr} must be > 0")
+        self.global_lr = global_lr
+
+    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
+        return ScaffoldClient(model, num_classes, **self.optimizer_kwargs())
+
+    def build_server(self) -> ServerPhase:
+        return ScaffoldServer(global_lr=self.global_lr)
+
+
+__all__ = ["SCAFFOLD", "ScaffoldClient", "ScaffoldPayload", "ScaffoldServer"]
