@@ -229,6 +229,10 @@ class ClientModule(pl.LightningModule):
 
     #: Sub-modules the client receives every round but does not keep (not in its stored state).
     received_modules: ClassVar[tuple[str, ...]] = ()
+    #: Kept state that only shapes training, never predictions (FedDyn's gradient state, SCAFFOLD's
+    #: control variate): left out of the evaluation fingerprint, so clients holding the same model
+    #: after the download are scored on the shared sets once.
+    training_only_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,

@@ -79,6 +79,8 @@ class FedDynClient(FedAvgClient):
         weight_decay: L2 weight decay.
     """
 
+    training_only_state = ("gradient_state",)
+
     def __init__(
         self,
         model: nn.Module,

@@ -105,6 +105,8 @@ class ScaffoldClient(FedAvgClient):
         weight_decay: L2 weight decay.
     """
 
+    training_only_state = ("control_variate",)
+
     def __init__(
         self,
         model: nn.Module,

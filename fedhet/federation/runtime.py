@@ -124,12 +124,15 @@ class RuntimeRecipe:
 def model_fingerprint(module: nn.Module, download: Payload | None = None) -> bytes:
     """A digest of everything that decides a materialised client's predictions: its state and download.
 
+    State a module declares as training-only (:attr:`ClientModule.training_only_state`) is left out.
+
     Two clients with equal fingerprints predict identically, so their scores on a shared set are
     computed once. Hashing reads every byte of the state once (milliseconds for the models here),
     far less than evaluating it on a test set.
     """
     digest = hashlib.blake2b(digest_size=16)
-    tensors = list(module.state_dict().items())
+    skip = tuple(f"{name}." for name in getattr(module, "training_only_state", ()))
+    tensors = [(name, tensor) for name, tensor in module.state_dict().items() if not name.startswith(skip)]
     if download is not None:
         tensors += [(f"download.{name}", tensor) for name, tensor in download.tensors()]
     for name, tensor in tensors:

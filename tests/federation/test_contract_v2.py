@@ -238,3 +238,26 @@ def test_integer_typed_weights_are_refused():
     reference = {"w": torch.zeros(2)}
     with pytest.raises(TrainingError, match="client 4 sent 'weights.w' as torch.int64"):
         WeightsPayload(weights={"w": torch.zeros(2, dtype=torch.long)}).validate_against(reference, "client 4")
+
+
+def test_shared_sets_are_scored_once_per_distinct_model():
+    """Clients holding one model after the download (FedAvg; FedDyn despite its training-only state) share scores.
+
+    The global test and validation sets are evaluated once per step, each client's own splits once each.
+    """
+    from fedhet.algorithms import FedDyn
+
+    for algorithm in (FedAvg(lr=0.05), FedDyn(lr=0.05)):
+        loop = _loop(algorithm, rounds=1)
+        evaluated = []
+        original = loop.runtime.evaluate_model
+
+        def counting(model, sets, original=original, evaluated=evaluated):
+            """Count the evaluation sets each call scores."""
+            evaluated.append(len(sets))
+            return original(model, sets)
+
+        loop.runtime.evaluate_model = counting
+        loop.run()
+        client_calls = evaluated[:3]  # then the server's model, once
+        assert client_calls == [4, 2, 2], type(algorithm).__name__  # own test/val + global test/val, then own only
