@@ -5,8 +5,11 @@ Every method runs from its shipped configs, ``configs/experiments/digits_dir/<me
 (pathological), 10 clients of the heterogeneous CPU family, over several seeds, scaled by the
 ``--setting`` flags so that the whole comparison fits 2 CPU cores, and every method with the
 paper's local optimizer and batch (:data:`SAME_FOOTING`). FedKTL uses the generator
-``embedded-stylegan`` (``fedhet pretrain-generator`` builds it; this script builds it first when
-it is missing).
+``embedded-stylegan`` (photo crops), or the one ``--generator`` names, e.g.
+``embedded-stylegan-pool`` (a broader augmented pool); a missing embedded generator is built on
+first use, before the runs. With another generator than the default, the runs go to
+``runs/fedktl_digits/<setting>-<generator>/`` and the results to
+``docs/results/fedktl_digits_<generator suffix>.{md,json,png}``, next to the default's.
 
 Accuracy follows the paper's definition (the authors' code: the sample-weighted pooled accuracy
 of every client on its own local test split, maximum over rounds), next to the variants
@@ -17,7 +20,9 @@ PNG and ``docs/results/fedktl_digits_images.png`` (the class-wise prototypical i
 rounds, Fig. 5's analogue), with the class separation of the images per round for FedKTL and
 the ablations the paper says lose it.
 
-Run: ``python benchmarks/fedktl_digits.py --setting quick --seeds 0 1 2 --jobs 2``
+Run: ``python benchmarks/fedktl_digits.py --setting quick --seeds 0 1 2 --jobs 2``; with the pool
+generator, FedKTL and its L^M ablation only:
+``python benchmarks/fedktl_digits.py --generator embedded-stylegan-pool --only "practical/fedktl" "practical/fedktl w/o L^M" --jobs 1``
 """
 
 from __future__ import annotations
@@ -54,16 +59,26 @@ SETTINGS = {
 }
 
 
-def plan(setting: str, seeds: list[int], extra: list[str]) -> list[Run]:
+DEFAULT_GENERATOR = "embedded-stylegan"
+
+
+def generator_flags(generator: str) -> tuple[str, ...]:
+    """FedKTL's flags selecting ``generator`` (none for the configs' default)."""
+    return () if generator == DEFAULT_GENERATOR else (f"--method.init_args.generator={generator}",)
+
+
+def plan(setting: str, seeds: list[int], extra: list[str], generator: str = DEFAULT_GENERATOR) -> list[Run]:
     flags = tuple(SETTINGS[setting] + extra)
+    ktl = generator_flags(generator)
     runs = []
     for partition, folder in PARTITIONS.items():
         for method in METHODS:
             config = f"configs/experiments/{folder}/{method}.yaml"
-            runs += [Run(f"{partition}/{method}", config, seed, flags + METHOD_FLAGS.get(method, ())) for seed in seeds]
+            method_flags = METHOD_FLAGS.get(method, ()) + (ktl if method == "fedktl" else ())
+            runs += [Run(f"{partition}/{method}", config, seed, flags + method_flags) for seed in seeds]
     for label, method_flags in ABLATIONS.items():
         config = "configs/experiments/digits_dir/fedktl.yaml"
-        runs += [Run(f"practical/{label}", config, seed, flags + method_flags) for seed in seeds]
+        runs += [Run(f"practical/{label}", config, seed, flags + method_flags + ktl) for seed in seeds]
     return runs
 
 
@@ -97,12 +112,16 @@ def _values(results: dict[str, Any], label: str, key: str) -> list[float]:
     return [r[key] for r in results[label]["seeds"]] if label in results else []
 
 
-# Image runs: FedKTL and the two ablations the paper says lose the images' class-wise discrimination.
+# Image runs: FedKTL and the two ablations the paper says lose the images' class-wise discrimination;
+# "w/o L^M" (clients never train on the pairs) is the control of the recognition column, on request.
 IMAGE_VARIANTS = {
     "FedKTL": (),
     "w/o ETF": ABLATIONS["fedktl w/o ETF"],
     "w/o L^MSE": ABLATIONS["fedktl w/o L^MSE"],
+    "w/o L^M": ABLATIONS["fedktl w/o L^M"],
 }
+DEFAULT_IMAGE_VARIANTS = ["FedKTL", "w/o ETF", "w/o L^MSE"]
+LESS_DISCRIMINATIVE = ("w/o ETF", "w/o L^MSE")  # the ablations the paper says lose the images' separation
 
 
 def mean_pairwise_rms(images: torch.Tensor) -> float:
@@ -113,11 +132,11 @@ def mean_pairwise_rms(images: torch.Tensor) -> float:
     return float(distances.sum() / (count * (count - 1)))
 
 
-def generator_spread(samples: int = 64, seed: int = 0) -> float:
+def generator_spread(samples: int = 64, seed: int = 0, name: str = DEFAULT_GENERATOR) -> float:
     """The reference of :func:`class_separation`: mean pairwise distance of images from random latents."""
     from fedhet.generators import load_generator
 
-    generator = load_generator("embedded-stylegan")
+    generator = load_generator(name)
     with torch.no_grad():
         w = generator.sample_w(samples, torch.Generator().manual_seed(seed))
         return mean_pairwise_rms(generator.synthesize(w))
@@ -132,7 +151,8 @@ def class_separation(images: torch.Tensor, spread: float) -> float:
     return mean_pairwise_rms(images) / spread
 
 
-def _image_run(setting: str, extra: list[str], seed: int, run_dir: Path, flags: tuple[str, ...]) -> list[tuple[int, torch.Tensor, float]]:
+def _image_run(setting: str, extra: list[str], seed: int, run_dir: Path, flags: tuple[str, ...],
+               generator: str = DEFAULT_GENERATOR) -> list[tuple[int, torch.Tensor, float]]:
     """One FedKTL run (practical, ``seed``) keeping each round's downloaded class images and the
     share of them the clients classify as their class."""
     from fedhet.cli import fit
@@ -164,20 +184,24 @@ def _image_run(setting: str, extra: list[str], seed: int, run_dir: Path, flags: 
 
         shutil.rmtree(run_dir)
     fit(["--config", str(REPO / "configs/experiments/digits_dir/fedktl.yaml"), "--seed", str(seed),
-         "--run_dir", str(run_dir), *SETTINGS[setting], *extra, *flags], callbacks=[KeepImages()])
+         "--run_dir", str(run_dir), *SETTINGS[setting], *extra, *flags, *generator_flags(generator)],
+        callbacks=[KeepImages()])
     return grabbed
 
 
-def prototype_images(setting: str, extra: list[str], seed: int, out: Path, run_root: Path) -> dict[str, Any]:
+def prototype_images(setting: str, extra: list[str], seed: int, out: Path, run_root: Path,
+                     generator: str = DEFAULT_GENERATOR, variants: list[str] | None = None,
+                     stem: str = "fedktl_digits") -> dict[str, Any]:
     """Fig. 5's analogue: the class images of every round, for FedKTL and the ablations of
     :data:`IMAGE_VARIANTS`, with their class separation per round; the grid shows FedKTL."""
     torch.set_num_threads(1)  # as the subprocess runs; two threads beside another busy process crawl
-    spread = generator_spread()
-    result: dict[str, Any] = {"seed": seed, "generator_spread_rms": round(spread, 4), "variants": {}}
+    spread = generator_spread(name=generator)
+    result: dict[str, Any] = {"seed": seed, "generator": generator, "generator_spread_rms": round(spread, 4), "variants": {}}
     grids = {}
-    for name, flags in IMAGE_VARIANTS.items():
+    for name in variants or DEFAULT_IMAGE_VARIANTS:
+        flags = IMAGE_VARIANTS[name]
         slug = name.lower().replace("/", "").replace("^", "").replace(" ", "_")
-        grabbed = _image_run(setting, extra, seed, run_root / "images" / slug / f"seed{seed}", flags)
+        grabbed = _image_run(setting, extra, seed, run_root / "images" / slug / f"seed{seed}", flags, generator)
         grids[name] = grabbed
         previous = [None] + [g[1] for g in grabbed[:-1]]
         result["variants"][name] = {
@@ -213,9 +237,9 @@ def prototype_images(setting: str, extra: list[str], seed: int, out: Path, run_r
         axes[row][0].set_ylabel(f"r{round_idx + 1}\nsep {separation[index]:.2f}", fontsize=7, rotation=0, labelpad=20)
     fig.suptitle("FedKTL class-wise prototypical images by round (left: round, class separation)", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "fedktl_digits_images.png", dpi=110)
+    fig.savefig(out / f"{stem}_images.png", dpi=110)
     plt.close(fig)
-    write_atomic(out / "fedktl_digits_images.json", json.dumps(result, indent=1) + "\n")
+    write_atomic(out / f"{stem}_images.json", json.dumps(result, indent=1) + "\n")
     return result
 
 
@@ -226,11 +250,16 @@ def _rounds_to_show(rounds: list[int], count: int = 6) -> list[int]:
     return sorted({rounds[round(i * step)] for i in range(count)})
 
 
-def report(results: dict[str, Any], setting: str, seeds: list[int], images: dict[str, Any] | None) -> str:
+def report(results: dict[str, Any], setting: str, seeds: list[int], images: dict[str, Any] | None,
+           generator: str = DEFAULT_GENERATOR, stem: str = "fedktl_digits") -> str:
+    command = f"python benchmarks/fedktl_digits.py --setting {setting}"
+    if generator != DEFAULT_GENERATOR:
+        command += f" --generator {generator}"
     lines = [
-        "# FedKTL and the label-skew HtFL baselines on embedded MNIST",
+        "# FedKTL and the label-skew HtFL baselines on embedded MNIST"
+        + ("" if generator == DEFAULT_GENERATOR else f" (generator `{generator}`)"),
         "",
-        f"Generated by `python benchmarks/fedktl_digits.py --setting {setting}` (seeds {', '.join(map(str, seeds))}); "
+        f"Generated by `{command}` (seeds {', '.join(map(str, seeds))}); "
         "10 clients, heterogeneous CPU family; flags of this setting: `" + " ".join(SETTINGS[setting]) + "`.",
         "",
         "## Test accuracy (Tab. 1 layout; the paper's definition: max over rounds of the pooled local-test accuracy)",
@@ -240,6 +269,8 @@ def report(results: dict[str, Any], setting: str, seeds: list[int], images: dict
     ]
     for method in METHODS:
         cells = [cell(_values(results, f"{p}/{method}", "paper_acc")) if f"{p}/{method}" in results else "—" for p in PARTITIONS]
+        if set(cells) == {"—"}:
+            continue  # a method not run (--only)
         name = f"**{NAMES[method]}**" if method == "fedktl" else NAMES[method]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
@@ -271,10 +302,10 @@ def report(results: dict[str, Any], setting: str, seeds: list[int], images: dict
         if key in results and base:
             delta = results[key]["paper_acc_mean"] - base["paper_acc_mean"]
             lines.append(f"| {label.replace('fedktl ', '')} | {cell(_values(results, key, 'paper_acc'))} | {delta:+.2f} |")
-    lines += ["", "![per-round accuracy](fedktl_digits.png)", ""]
+    lines += ["", f"![per-round accuracy]({stem}.png)", ""]
     if images and "variants" in images:
         lines += ["## Prototypical images across rounds (Fig. 5 analogue)", "",
-                  "![class-wise images](fedktl_digits_images.png)", "",
+                  f"![class-wise images]({stem}_images.png)", "",
                   f"Class separation: the mean RMS pixel distance between the images of two classes, as a share of the "
                   f"generator's spread (the same distance between images of random latents, {images['generator_spread_rms']:.3f}); "
                   "0 means every class gets the same image. Change: each class image's RMS change since the previous "
@@ -289,7 +320,7 @@ def report(results: dict[str, Any], setting: str, seeds: list[int], images: dict
     lines += ["## The paper's claims, checked", ""]
     for claim, holds, evidence in verdicts(results, images):
         lines.append(f"- **{'holds' if holds else 'does not hold'}**: {claim} ({evidence}).")
-    analysis = REPO / "benchmarks" / "notes" / "fedktl_digits.md"
+    analysis = REPO / "benchmarks" / "notes" / f"{stem}.md"
     if analysis.exists():
         lines += ["", analysis.read_text().strip()]
     return "\n".join(lines) + "\n"
@@ -319,25 +350,29 @@ def verdicts(results: dict[str, Any], images: dict[str, Any] | None) -> list[tup
             claims.append(("the class images settle as training converges (Fig. 5: late rounds hardly change)",
                            change[-1] < change[1],
                            f"change per round {change[1]:.3f} at round 2 -> {change[-1]:.3f} at the last round"))
-        for name in IMAGE_VARIANTS:
-            if name != "FedKTL" and name in images["variants"]:
+        for name in LESS_DISCRIMINATIVE:
+            if name in images["variants"]:
                 other = images["variants"][name]["class_separation"][-1]
                 claims.append((f"{name} makes the images less class-discriminative (Sec. 5.4)", other < fedktl[-1],
                                f"last-round separation {other:.3f} vs FedKTL {fedktl[-1]:.3f}"))
     return claims
 
 
-def ensure_generator() -> None:
-    """Build FedKTL's generator artifact once, before the runs, when it is missing."""
+def ensure_generator(name: str = DEFAULT_GENERATOR) -> None:
+    """Build FedKTL's generator once, before the runs (an embedded one is built on first use)."""
+    import logging
+    import sys
+
     from fedhet.generators import load_generator
 
-    try:
-        load_generator("embedded-stylegan")
-    except Exception:  # noqa: BLE001 - missing artifact: build it with the documented command
-        from fedhet.cli import main as fedhet_main
-
-        if fedhet_main(["pretrain-generator"]) != 0:
-            raise SystemExit("fedhet pretrain-generator failed")
+    logger = logging.getLogger("fedhet")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    torch.set_num_threads(1)
+    load_generator(name)
 
 
 def main() -> None:
@@ -350,31 +385,41 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[])
     parser.add_argument("--skip_images", action="store_true", help="no image-grid run (reuse an earlier grid's numbers if present)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    parser.add_argument("--generator", default=DEFAULT_GENERATOR,
+                        help="FedKTL's generator (e.g. embedded-stylegan-pool); other than the default, "
+                             "runs and results go to their own folder and files")
+    parser.add_argument("--image_variants", nargs="+", default=DEFAULT_IMAGE_VARIANTS, choices=sorted(IMAGE_VARIANTS),
+                        help="variants of the image runs (the grid shows FedKTL)")
     parser.add_argument("--report_only", action="store_true", help="tabulate the runs already complete; run nothing")
     args = parser.parse_args()
-    root = args.root or REPO / "runs" / "fedktl_digits" / args.setting
-    runs = plan(args.setting, args.seeds, args.extra)
+    suffix = "" if args.generator == DEFAULT_GENERATOR else args.generator.replace(DEFAULT_GENERATOR, "").strip("-_:/") or "gen"
+    suffix = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in suffix)
+    stem = "fedktl_digits" + (f"_{suffix}" if suffix else "")
+    root = args.root or REPO / "runs" / "fedktl_digits" / (args.setting + (f"-{suffix}" if suffix else ""))
+    runs = plan(args.setting, args.seeds, args.extra, args.generator)
     if args.only:
         runs = [r for r in runs if r.label in args.only]
     if args.report_only:
         runs = [r for r in runs if (r.run_dir(root) / "summary.json").exists()]
     else:
-        ensure_generator()
+        ensure_generator(args.generator)
         execute(runs, root, args.jobs)
     results = collect(runs, root)
-    saved_images = args.out / "fedktl_digits_images.json"
+    saved_images = args.out / f"{stem}_images.json"
     if not args.skip_images:
-        images = prototype_images(args.setting, args.extra, args.seeds[0], args.out, root)
+        images = prototype_images(args.setting, args.extra, args.seeds[0], args.out, root,
+                                  args.generator, args.image_variants, stem)
     else:  # reuse the image grid of an earlier run of this script, if there is one
         images = json.loads(saved_images.read_text()) if saved_images.exists() else None
     serialisable = {label: {**entry, "seeds": [{k: v for k, v in r.items() if k != "curves"} for r in entry["seeds"]]}
                     for label, entry in results.items()}
-    write_atomic(args.out / "fedktl_digits.json", json.dumps(
-        {"setting": {"name": args.setting, "flags": SETTINGS[args.setting]}, "results": serialisable, "images": images}, indent=1) + "\n")
+    write_atomic(args.out / f"{stem}.json", json.dumps(
+        {"setting": {"name": args.setting, "flags": SETTINGS[args.setting]}, "generator": args.generator,
+         "results": serialisable, "images": images}, indent=1) + "\n")
     series = {label.split("/")[1]: [r["curves"] for r in entry["seeds"]] for label, entry in results.items() if label.startswith("practical/") and label.split("/")[1] in METHODS}
-    curves_png(args.out / "fedktl_digits.png", series, ["local", "global"], ["local test accuracy (practical)", "global test accuracy (practical)"])
-    text = report(results, args.setting, args.seeds, images)
-    write_atomic(args.out / "fedktl_digits.md", text)
+    curves_png(args.out / f"{stem}.png", series, ["local", "global"], ["local test accuracy (practical)", "global test accuracy (practical)"])
+    text = report(results, args.setting, args.seeds, images, args.generator, stem)
+    write_atomic(args.out / f"{stem}.md", text)
     print(text)
 
 

@@ -756,7 +756,8 @@ commands:
   bench     methods x seeds grid, mean ± std tables and plots:
             fedhet bench --configs A.yaml B.yaml --seeds 0 1 2 --out DIR
   list      list registered methods, models and model families
-  pretrain-generator  train FedKTL's small generator once: fedhet pretrain-generator [--steps N]
+  pretrain-generator  train FedKTL's small generator (FedKTL also does it on first use):
+            fedhet pretrain-generator [--name embedded-stylegan-pool] [--steps N]
 
 options:
   --version  print the version ({__version__})

@@ -57,8 +57,10 @@ Deviations from paper/official code, and choices between them:
   ``centroid_weight=0`` is "-L^MSE".
 * Generator: the class default is ``"untrained"``, so ``FedKTL()`` runs anywhere (registry,
   contract tests). The experiment configs select ``"embedded-stylegan"``, the locally
-  pretrained substitute for StyleGAN-XL (``docs/generators.md``). The MMD bandwidths default to
-  the code's ``{10, 15, 20, 50}``, which were tuned for StyleGAN W vectors.
+  pretrained substitute for StyleGAN-XL (``docs/generators.md``; built on first use), and
+  ``"embedded-stylegan-pool"`` is the same generator pretrained on a broader augmented pool.
+  The MMD bandwidths default to the code's ``{10, 15, 20, 50}``, which were tuned for StyleGAN
+  W vectors.
 * Heterogeneous backbones emit one feature dimension ``K'`` through ``feature_dim`` (the code
   pools every backbone to 512), so ``h'_i`` is literally identical on every client.
 """
@@ -591,7 +593,8 @@ class FedKTL(Algorithm):
         margin: ArcFace additive angular margin ``m`` in radians (paper: 0.5).
         etf_dim: ``K``, size of the ETF space; ``None`` = number of classes (paper default).
         generator: frozen generator by name: ``"untrained"`` (class default, needs no artifact;
-            does not reproduce the paper), ``"embedded-stylegan"`` (configs), ``"stylegan-pkl:<path>"``
+            does not reproduce the paper), ``"embedded-stylegan"`` (configs) or
+            ``"embedded-stylegan-pool"`` (both built on first use), ``"stylegan-pkl:<path>"``
             or ``"stable-diffusion:<dir>"``.
         server_lr: Adam learning rate ``eta_S`` of the feature transformer (paper: 0.01).
         server_epochs: passes ``E_S`` over the prototypes per round (paper: 100).

@@ -4,7 +4,8 @@
   :func:`load_generator` (:mod:`fedhet.generators.loading`): loading by name.
 * :mod:`fedhet.generators.stylegan`: the small style-based generator and its discriminator.
 * :mod:`fedhet.generators.pretrain`: ``fedhet pretrain-generator`` (GAN training on the
-  embedded public photo crops) and the checksummed artifact.
+  embedded public photo crops, or on a broader augmented pool), building on first use, and the
+  checksummed artifact.
 * :mod:`fedhet.generators.adapters`: Stable Diffusion's VAE decoder (optional ``diffusers``
   extra) and StyleGAN2/3 network pickles.
 
@@ -13,15 +14,25 @@ See ``docs/generators.md``.
 
 from fedhet.generators.base import DEFAULT_GENERATOR, GeneratorAdapter, generators_dir
 from fedhet.generators.loading import load_generator
-from fedhet.generators.pretrain import load_artifact, pretrain_generator, save_sample_grid
+from fedhet.generators.pretrain import (
+    EMBEDDED_RECIPES,
+    POOL_GENERATOR,
+    ensure_artifact,
+    load_artifact,
+    pretrain_generator,
+    save_sample_grid,
+)
 from fedhet.generators.stylegan import StyleGenerator, StyleGeneratorAdapter, StyleGeneratorConfig
 
 __all__ = [
     "DEFAULT_GENERATOR",
+    "EMBEDDED_RECIPES",
+    "POOL_GENERATOR",
     "GeneratorAdapter",
     "StyleGenerator",
     "StyleGeneratorAdapter",
     "StyleGeneratorConfig",
+    "ensure_artifact",
     "generators_dir",
     "load_artifact",
     "load_generator",

@@ -10,9 +10,11 @@ Diffusion's VAE decoder, or the untrained test generator -- hides behind this on
 
 Names understood by :func:`load_generator`:
 
-* ``"embedded-stylegan"`` (or any other name given to ``fedhet pretrain-generator --name``): the
-  artifact under ``<cache>/generators/``; missing -> a :class:`~fedhet.errors.ConfigError` naming
-  the command that builds it.
+* ``"embedded-stylegan"`` (photo crops) and ``"embedded-stylegan-pool"`` (a broader augmented
+  pool): the artifacts under ``<cache>/generators/``, pretrained on first use when missing (unless
+  ``$FEDHET_AUTO_PRETRAIN=0``);
+* any other name given to ``fedhet pretrain-generator --name``: that artifact; missing -> a
+  :class:`~fedhet.errors.ConfigError` naming the command that builds it.
 * ``"untrained"``: a randomly initialised small style generator from a fixed seed. It carries no
   pre-existing knowledge, so it does **not** reproduce the paper: it exists for tests and for the
   "no pretraining" ablation.

@@ -1,4 +1,4 @@
-"""Pretrain the small style generator on the public photo crops; save and load it as an artifact.
+"""Pretrain the small style generator on embedded public images; save, build on first use, load.
 
 FedKTL needs a frozen *pretrained* generator, and target machines cannot download StyleGAN-XL
 (reference ``fedktl.md`` section 9.3). ``fedhet pretrain-generator`` therefore trains
@@ -15,6 +15,15 @@ Lightning module with manual optimisation (two optimisers) fitted by one Trainer
 initialisation, the batch order and the noise draws; the same seed gives the same weights on the
 same machine and library versions.
 
+Two embedded recipes (:data:`EMBEDDED_RECIPES`) can be built by name, and are built
+automatically the first time :func:`~fedhet.generators.load_generator` needs them
+(:func:`ensure_artifact`; one log line says so and how long it takes, with progress):
+
+* ``embedded-stylegan``: the 5,000 ``photos`` crops, as above (the default generator);
+* ``embedded-stylegan-pool``: a broader unlabelled pool, every embedded image source that the
+  MNIST scenarios' clients do not hold (the *training* splits of ``uci``, ``mnistm`` and ``syn``,
+  and the ``photos`` crops), drawn source-balanced and augmented (:func:`augment_pool_batch`).
+
 Artifact, under ``<cache>/generators/`` (``$FEDHET_CACHE`` or ``~/.cache/fedhet``):
 
 * ``<name>.pt``: the EMA generator's state dict only (loaded with ``weights_only=True``);
@@ -22,17 +31,25 @@ Artifact, under ``<cache>/generators/`` (``$FEDHET_CACHE`` or ``~/.cache/fedhet`
   ``<name>.pt`` (written last, so a half-written artifact is never taken for a complete one);
   loading verifies the checksum;
 * ``<name>.png``: an 8x8 grid of samples for a human to check.
+
+Building holds an exclusive lock on ``<cache>/generators/.<name>.lock`` (``fcntl.flock`` where the
+platform has it) and every file is written to a temporary file and renamed (``os.replace``), so
+two processes that need the same missing artifact at once build it once and both load it whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from copy import deepcopy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +66,17 @@ from fedhet.seeding import derive_seed, seeded
 
 __all__ = [
     "ARTIFACT_FORMAT",
+    "AUTO_PRETRAIN_ENV",
     "DEFAULT_STEPS",
+    "EMBEDDED_RECIPES",
+    "POOL_GENERATOR",
+    "EmbeddedRecipe",
     "GeneratorPretraining",
+    "augment_pool_batch",
     "build_command",
     "discriminator_logistic_loss",
     "ema_update",
+    "ensure_artifact",
     "generator_nonsaturating_loss",
     "load_artifact",
     "pretrain_command",
@@ -70,6 +93,52 @@ ARTIFACT_FORMAT = 1
 DEFAULT_STEPS = 1500
 """Default training steps (one discriminator and one generator update each): 0.26 CPU-seconds per
 step at batch 16, i.e. minutes on two idle CPU cores (docs/generators.md has the measured time)."""
+
+SECONDS_PER_STEP = 0.27
+"""Measured single-thread CPU seconds per step at 32x32, batch 16 (for the estimate logged before a build)."""
+
+POOL_GENERATOR = "embedded-stylegan-pool"
+"""Name of the generator pretrained on the broader augmented pool (:data:`EMBEDDED_RECIPES`)."""
+
+AUTO_PRETRAIN_ENV = "FEDHET_AUTO_PRETRAIN"
+"""Set to ``0`` to make a missing embedded artifact an error instead of building it on first use."""
+
+POOL_AUGMENT = "affine-colour-v1"
+"""Version tag of :func:`augment_pool_batch`, recorded in the artifact's settings."""
+
+
+@dataclass(frozen=True)
+class EmbeddedRecipe:
+    """How an embedded generator artifact is built: its data sources, augmentation and steps.
+
+    Attributes:
+        sources: embedded datasets whose *training* splits form the unlabelled pool.
+        augment: augment each batch with :func:`augment_pool_batch` (and draw the sources
+            balanced); ``False`` is the original photo-crop recipe, batch for batch.
+        steps: training steps.
+        summary: one phrase for the log line announcing a build.
+    """
+
+    sources: tuple[str, ...]
+    augment: bool
+    steps: int = DEFAULT_STEPS
+    summary: str = ""
+
+
+EMBEDDED_RECIPES: dict[str, EmbeddedRecipe] = {
+    DEFAULT_GENERATOR: EmbeddedRecipe(("photos",), False, summary="5,000 public photo crops"),
+    POOL_GENERATOR: EmbeddedRecipe(
+        ("uci", "mnistm", "syn", "photos"),
+        True,
+        summary="an augmented pool of UCI, MNIST-M, font-digit and photo images (no MNIST-domain image)",
+    ),
+}
+"""The artifacts fedhet can build by itself (on first use or with ``fedhet pretrain-generator --name``).
+
+``embedded-stylegan-pool`` holds no image of the ``mnist`` domain (train or test). MNIST-M is
+built from MNIST split B, disjoint from the ``mnist`` domain's split A, so the clients of the
+MNIST label-skew scenarios never hold one of its digits; it must not be used where clients
+hold ``uci``, ``mnistm`` or ``syn`` (the multi-domain Digits scenarios)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,6 +274,109 @@ class _RepeatedPasses:
                     return
 
 
+def augment_pool_batch(images: Tensor, generator: torch.Generator) -> Tensor:
+    """Augment a batch ``[B, 3, H, W]`` in ``[0, 1]`` for the pool generator (per-sample randomness).
+
+    * a random affine view: zoom ``U(1, 1.25)`` (a crop of 64-100 % of the side), rotation
+      ``U(-10, 10)`` degrees, shift up to 10 % of the side, with reflected borders (no black frame
+      for the generator to learn);
+    * colour: a random permutation of the RGB channels, inversion with probability 0.5 (white-on-black
+      digits also appear black-on-white), contrast ``U(0.7, 1.3)`` about the image mean and brightness
+      ``U(-0.1, 0.1)``, clamped to ``[0, 1]``.
+    """
+    batch = images.shape[0]
+    if batch == 0:
+        return images
+
+    def uniform(low: float, high: float, *shape: int) -> Tensor:
+        return torch.rand(batch, *shape, generator=generator) * (high - low) + low
+
+    zoom = uniform(1.0, 1.25)
+    angle = uniform(-10.0, 10.0) * (math.pi / 180.0)
+    shift = uniform(-0.2, 0.2, 2)  # affine_grid coordinates span [-1, 1]: 0.2 is 10 % of the side
+    cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
+    grid = F.affine_grid(theta.to(images), list(images.shape), align_corners=False)
+    out = F.grid_sample(images, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
+
+    permutation = torch.argsort(torch.rand(batch, images.shape[1], generator=generator), dim=1)
+    out = out.gather(1, permutation.to(out.device)[:, :, None, None].expand_as(out))
+    invert = (torch.rand(batch, generator=generator) < 0.5).to(out.device)[:, None, None, None]
+    out = torch.where(invert, 1.0 - out, out)
+    contrast = uniform(0.7, 1.3).to(out)[:, None, None, None]
+    brightness = uniform(-0.1, 0.1).to(out)[:, None, None, None]
+    mean = out.mean(dim=(1, 2, 3), keepdim=True)
+    return ((out - mean) * contrast + mean + brightness).clamp_(0.0, 1.0)
+
+
+class _PoolBatches:
+    """``steps`` batches in ``[-1, 1]`` drawn from several uint8 image pools (a pure function of ``seed``).
+
+    Each image's source is drawn uniformly (so a small source counts as much as a large one),
+    then an image of it uniformly, then the batch goes through :func:`augment_pool_batch`.
+    """
+
+    def __init__(self, pools: Sequence[Tensor], steps: int, batch_size: int, seed: int, augment: bool) -> None:
+        self.pools = list(pools)
+        self.steps = steps
+        self.batch_size = batch_size
+        self.seed = seed
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[Tensor]:
+        rng = torch.Generator().manual_seed(self.seed)
+        first = self.pools[0]
+        for _ in range(self.steps):
+            source = torch.randint(len(self.pools), (self.batch_size,), generator=rng)
+            batch = torch.empty(self.batch_size, *first.shape[1:])
+            for k, pool in enumerate(self.pools):
+                members = (source == k).nonzero().flatten()
+                picks = torch.randint(len(pool), (len(members),), generator=rng)
+                batch[members] = pool[picks].float() / 255.0
+            if self.augment:
+                batch = augment_pool_batch(batch, rng)
+            yield batch * 2.0 - 1.0
+
+
+class _ProgressLines(pl.Callback):
+    """Log ``step n/N (p%), elapsed, ETA`` about every 10 % of the steps (when no progress bar is shown)."""
+
+    def __init__(self, name: str, steps: int) -> None:
+        self.name = name
+        self.steps = steps
+        self.every = max(1, steps // 10)
+        self.started = time.perf_counter()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.started = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        done = min(self.steps, batch_idx + 1)  # one epoch of ``steps`` batches
+        if done % self.every and done != self.steps:
+            return
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / done * (self.steps - done)
+        log.info(
+            "pretraining generator '%s': step %d/%d (%d%%), %s elapsed, ETA %s",
+            self.name,
+            done,
+            self.steps,
+            round(100 * done / self.steps),
+            _duration(elapsed),
+            _duration(eta),
+        )
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
 # --------------------------------------------------------------------------------------------
 # Artifact
 # --------------------------------------------------------------------------------------------
@@ -296,9 +468,14 @@ def save_sample_grid(
     return save_montage(TensorData(x=pixels, y=labels), path, rows=rows, cols=cols, scale=scale)
 
 
+def _recipe_for(name: str) -> EmbeddedRecipe:
+    """The recipe of an embedded artifact name; any other name gets the photo-crop recipe."""
+    return EMBEDDED_RECIPES.get(name, EMBEDDED_RECIPES[DEFAULT_GENERATOR])
+
+
 def pretrain_generator(
     name: str = DEFAULT_GENERATOR,
-    steps: int = DEFAULT_STEPS,
+    steps: int | None = None,
     seed: int = 0,
     image_size: int = 32,
     cache_dir: str | Path | None = None,
@@ -310,16 +487,19 @@ def pretrain_generator(
     config: StyleGeneratorConfig | None = None,
     data_seed: int = 0,
     accelerator: str = "cpu",
-    progress: bool = True,
+    progress: bool | None = True,
+    sources: Sequence[str] | None = None,
+    augment: bool | None = None,
 ) -> Path:
-    """Train the small style generator on the public photo crops and save it as artifact ``name``.
+    """Train the small style generator on embedded public images and save it as artifact ``name``.
 
     If the artifact exists with the same settings it is reused (so a config can call this
     unconditionally); with different settings ``force`` must be set to overwrite it.
 
     Args:
-        name: artifact name (``load_generator(name)`` loads it).
-        steps: training steps (one discriminator and one generator update each).
+        name: artifact name (``load_generator(name)`` loads it); the names of
+            :data:`EMBEDDED_RECIPES` select their data, augmentation and steps by default.
+        steps: training steps (one discriminator and one generator update each); default: the recipe's.
         seed: seed of initialisation, batch order and noise.
         image_size: generated (and training) image side: 32, or 16 for a four times cheaper run.
         cache_dir: cache root holding ``generators/`` (default ``$FEDHET_CACHE`` or ``~/.cache/fedhet``).
@@ -329,9 +509,13 @@ def pretrain_generator(
         r1_gamma: R1 penalty weight.
         ema_decay: per-step decay of the saved generator's moving average.
         config: architecture (default :class:`StyleGeneratorConfig` at ``image_size``).
-        data_seed: build seed of the embedded photo crops.
+        data_seed: build seed of the embedded images.
         accelerator: Lightning accelerator (``"cpu"`` keeps results identical across machines).
-        progress: show Lightning's progress bar.
+        progress: ``True``: Lightning's progress bar; ``False``: nothing; ``None``: the bar on a
+            terminal, otherwise a log line about every 10 % of the steps.
+        sources: embedded datasets whose training splits are the data (default: the recipe's,
+            ``("photos",)`` for names outside :data:`EMBEDDED_RECIPES`).
+        augment: source-balanced batches with :func:`augment_pool_batch` (default: the recipe's).
 
     Returns:
         Path of the weights file ``<cache_dir>/generators/<name>.pt``.
@@ -339,12 +523,18 @@ def pretrain_generator(
     Raises:
         ConfigError: bad settings, or an artifact with other settings exists and ``force`` is off.
     """
-    from fedhet.data import TensorBatchLoader, load_dataset
-    from fedhet.federation.trainer import silence_lightning
+    from fedhet.data import list_datasets
 
     check_artifact_name(name)
+    recipe = _recipe_for(name)
+    steps = recipe.steps if steps is None else steps
+    sources = tuple(recipe.sources if sources is None else sources)
+    augment = recipe.augment if augment is None else augment
     if steps < 1 or batch_size < 2:
         raise ConfigError(f"pretraining needs steps >= 1 and batch_size >= 2, got {steps} and {batch_size}")
+    unknown = [source for source in sources if source not in list_datasets()]
+    if not sources or unknown:
+        raise ConfigError(f"unknown generator data sources {unknown or '(none)'}; choose from {list_datasets()}")
     if config is None:
         config = StyleGeneratorConfig(resolution=image_size)
     elif config.resolution != image_size:
@@ -352,7 +542,7 @@ def pretrain_generator(
             f"config.resolution {config.resolution} differs from image_size {image_size}; make them equal"
         )
     weights, sidecar, samples = _artifact_paths(name, cache_dir)
-    settings = {
+    settings: dict[str, Any] = {
         "steps": steps,
         "seed": seed,
         "image_size": image_size,
@@ -360,9 +550,47 @@ def pretrain_generator(
         "lr": lr,
         "r1_gamma": r1_gamma,
         "ema_decay": ema_decay,
-        "data": "photos",
+        "data": "+".join(sources),
         "data_seed": data_seed,
     }
+    if augment:
+        settings["augment"] = POOL_AUGMENT  # absent for the original recipe: its artifacts stay reusable
+    with _build_lock(weights.parent, name):
+        return _pretrain_locked(
+            name,
+            settings,
+            config,
+            sources,
+            augment,
+            weights,
+            sidecar,
+            samples,
+            force=force,
+            accelerator=accelerator,
+            progress=progress,
+        )
+
+
+def _pretrain_locked(
+    name: str,
+    settings: dict[str, Any],
+    config: StyleGeneratorConfig,
+    sources: tuple[str, ...],
+    augment: bool,
+    weights: Path,
+    sidecar: Path,
+    samples: Path,
+    force: bool,
+    accelerator: str,
+    progress: bool | None,
+) -> Path:
+    """:func:`pretrain_generator` under the artifact's build lock: reuse, refuse or train and save."""
+    from fedhet.data import TensorBatchLoader, load_dataset
+    from fedhet.federation.trainer import silence_lightning
+
+    steps, seed, image_size = settings["steps"], settings["seed"], settings["image_size"]
+    batch_size, data_seed = settings["batch_size"], settings["data_seed"]
+    lr, r1_gamma, ema_decay = settings["lr"], settings["r1_gamma"], settings["ema_decay"]
     if sidecar.is_file() and weights.is_file() and not force:
         try:
             existing = json.loads(sidecar.read_text(encoding="utf-8"))
@@ -376,16 +604,23 @@ def pretrain_generator(
             "pass --force to overwrite it or choose another --name"
         )
 
-    photos = load_dataset("photos", None, data_seed, image_size).train
-    loader = TensorBatchLoader(
-        photos,
-        batch_size=batch_size,
-        shuffle=True,
-        seed=derive_seed(seed, "generator", "batches"),
-        drop_last=True,
-        mean=(0.5,) * 3,
-        std=(0.5,) * 3,
-    )
+    if sources == ("photos",) and not augment:
+        # the original recipe, batch for batch (its artifacts keep their checksums)
+        photos = load_dataset("photos", None, data_seed, image_size).train
+        loader = TensorBatchLoader(
+            photos,
+            batch_size=batch_size,
+            shuffle=True,
+            seed=derive_seed(seed, "generator", "batches"),
+            drop_last=True,
+            mean=(0.5,) * 3,
+            std=(0.5,) * 3,
+        )
+        batches: Any = _RepeatedPasses(loader, steps)
+    else:
+        pools = [load_dataset(source, None, data_seed, image_size).train.x for source in sources]
+        batches = _PoolBatches(pools, steps, batch_size, derive_seed(seed, "generator", "pool-batches"), augment)
+    show_bar = sys.stderr.isatty() if progress is None else progress
     silence_lightning()
     started = time.perf_counter()
     with seeded(derive_seed(seed, "generator", "init")):
@@ -397,11 +632,12 @@ def pretrain_generator(
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=progress,
+        enable_progress_bar=show_bar,
         num_sanity_val_steps=0,
+        callbacks=[_ProgressLines(name, steps)] if progress is None and not show_bar else None,
     )
     with seeded(derive_seed(seed, "generator", "train"), device=module.device):
-        trainer.fit(module, train_dataloaders=_RepeatedPasses(loader, steps))
+        trainer.fit(module, train_dataloaders=batches)
     wall_s = time.perf_counter() - started
 
     generator = module.generator_ema.cpu()
@@ -416,9 +652,85 @@ def pretrain_generator(
         "torch": torch.__version__,
         "sha256": _sha256(weights),
     }
-    _atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")
     save_sample_grid(StyleGeneratorAdapter(deepcopy(generator)), samples, seed=seed)
+    _atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")  # last: marks the artifact complete
     log.info("trained generator '%s' in %.0f s", name, wall_s)
+    return weights
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path, name: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<directory>/.<name>.lock`` (``fcntl.flock``; a no-op without it).
+
+    The OS releases the lock when its holder exits, so a killed build never blocks the next one.
+    Re-entrant within a process (:func:`ensure_artifact` holds it around :func:`pretrain_generator`).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    path = (directory / f".{name}.lock").resolve()
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: the atomic renames still keep files whole
+        yield
+        return
+    if path in _HELD_LOCKS:
+        yield
+        return
+    with open(path, "a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process that is building generator '%s'", name)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        _HELD_LOCKS.add(path)
+        try:
+            yield
+        finally:
+            _HELD_LOCKS.discard(path)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+_HELD_LOCKS: set[Path] = set()
+
+
+def ensure_artifact(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Return the weights of artifact ``name``, pretraining it first if it is an embedded recipe not built yet.
+
+    Only the names of :data:`EMBEDDED_RECIPES` are built; other names are left to
+    :func:`load_artifact`'s error. One log line announces the build, its data and an estimate of
+    its duration; progress follows (Lightning's bar on a terminal, otherwise a line per 10 %), and a
+    last line gives the time taken. Concurrent callers serialise on a lock: one builds, the others
+    wait and reuse its artifact.
+
+    Raises:
+        ConfigError: the artifact is missing and ``$FEDHET_AUTO_PRETRAIN`` is ``0`` (the message
+            names the command that builds it), or bad settings.
+    """
+    weights, sidecar, _ = _artifact_paths(check_artifact_name(name), cache_dir)
+    if (sidecar.is_file() and weights.is_file()) or name not in EMBEDDED_RECIPES:
+        return weights
+    if os.environ.get(AUTO_PRETRAIN_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        raise ConfigError(
+            f"pretrained generator '{name}' not found in '{weights.parent}' and {AUTO_PRETRAIN_ENV}=0; "
+            f"build it once with: {build_command(name, cache_dir)}"
+        )
+    with _build_lock(weights.parent, name):
+        if sidecar.is_file() and weights.is_file():  # built by another process while we waited
+            return weights
+        recipe = EMBEDDED_RECIPES[name]
+        estimate = recipe.steps * SECONDS_PER_STEP
+        log.info(
+            "FedKTL generator '%s' is not built yet: pretraining it once on %s (%d steps, about %s on an idle "
+            "CPU core; '%s' does the same) into %s",
+            name,
+            recipe.summary,
+            recipe.steps,
+            _duration(estimate),
+            build_command(name, cache_dir),
+            weights.parent,
+        )
+        started = time.perf_counter()
+        pretrain_generator(name, cache_dir=cache_dir, progress=None)
+        log.info("FedKTL generator '%s' built in %s", name, _duration(time.perf_counter() - started))
     return weights
 
 
@@ -432,16 +744,29 @@ def _build_parser() -> Any:
 
     parser = ArgumentParser(
         prog="fedhet pretrain-generator",
-        description="Pretrain FedKTL's small style generator on the embedded public photo crops (once per machine).",
+        description=(
+            "Pretrain FedKTL's small style generator on embedded public images (once per machine; "
+            f"FedKTL also builds {' and '.join(EMBEDDED_RECIPES)} by itself on first use)."
+        ),
         exit_on_error=False,
         default_meta=False,
     )
     parser.add_argument("--name", type=str, default=DEFAULT_GENERATOR, help="artifact name (load_generator(name))")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps")
+    parser.add_argument("--steps", type=int | None, default=None, help=f"training steps (default {DEFAULT_STEPS})")
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, batch order and noise")
     parser.add_argument("--image_size", type=int, default=32, help="image side: 32, or 16 for a cheaper generator")
     parser.add_argument("--cache_dir", type=str | None, default=None, help="cache root (default $FEDHET_CACHE)")
     parser.add_argument("--force", type=bool, default=False, help="overwrite an artifact built with other settings")
+    parser.add_argument(
+        "--sources",
+        type=list[str] | None,
+        default=None,
+        help=f"embedded datasets of the pool (default: the name's recipe, e.g. {POOL_GENERATOR}: "
+        f"{' '.join(EMBEDDED_RECIPES[POOL_GENERATOR].sources)}; other names: photos)",
+    )
+    parser.add_argument(
+        "--augment", type=bool | None, default=None, help="source-balanced, augmented batches (default: the recipe's)"
+    )
     return parser
 
 
@@ -468,5 +793,8 @@ def pretrain_command(args: Sequence[str]) -> str:
         image_size=options.image_size,
         cache_dir=options.cache_dir,
         force=options.force,
+        progress=None,
+        sources=options.sources,
+        augment=options.augment,
     )
     return f"generator '{options.name}': {weights} (samples: {weights.with_suffix('.png')})"

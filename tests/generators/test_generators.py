@@ -213,9 +213,11 @@ def test_tampered_weights_fail_the_checksum(pretrained, tmp_path):
         load_generator("tiny", cache_dir=tmp_path)
 
 
-def test_missing_artifact_names_the_command_that_builds_it(tmp_path):
+def test_missing_artifact_names_the_command_that_builds_it(tmp_path, monkeypatch):
     """A missing artifact names the pretrain command; a path-like name is refused."""
-    with pytest.raises(ConfigError, match=f"fedhet pretrain-generator --cache_dir {tmp_path}$"):
+    monkeypatch.setenv("FEDHET_AUTO_PRETRAIN", "0")  # embedded names are otherwise built on first use
+    disabled = f"FEDHET_AUTO_PRETRAIN=0; .*fedhet pretrain-generator --cache_dir {tmp_path}$"
+    with pytest.raises(ConfigError, match=disabled):
         load_generator("embedded-stylegan", cache_dir=tmp_path)
     with pytest.raises(ConfigError, match="fedhet pretrain-generator --name mine"):
         load_generator("mine", cache_dir=tmp_path)
