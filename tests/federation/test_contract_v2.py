@@ -167,6 +167,7 @@ def test_extra_rounds_run_with_full_participation():
 # ------------------------------------------------------------------ executors
 def test_process_executor_rebuilt_from_recipe_gives_sequential_numbers():
     """Client steps in spawned workers (runtime rebuilt from the recipe) equal the in-process run exactly."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         sequential = _loop(FedProx(mu=0.01, lr=0.05), rounds=2)
@@ -174,7 +175,7 @@ def test_process_executor_rebuilt_from_recipe_gives_sequential_numbers():
         parallel = _loop(FedProx(mu=0.01, lr=0.05), rounds=2, executor=ProcessExecutor(workers=2, threads_per_worker=1))
         got = parallel.run()
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(threads)
     assert got["final"] == expected["final"] and got["comm"] == expected["comm"]
     for cid in range(3):
         assert _state_hash(parallel.store.get(cid)) == _state_hash(sequential.store.get(cid))
