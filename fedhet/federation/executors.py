@@ -83,7 +83,12 @@ class SequentialExecutor(Executor):
 _WORKER_RUNTIME: ClientRuntime | None = None
 
 
-def _start_worker(recipe: RuntimeRecipe, threads: int) -> None:
+def build_worker_runtime(recipe: RuntimeRecipe, threads: int) -> ClientRuntime:
+    """Set up a worker process (``threads`` intra-op threads, quiet Lightning) and rebuild the runtime.
+
+    Shared by every executor whose workers live in other processes (local pools, Ray actors), so
+    they all run clients with the same numerics as the driver at the same thread count.
+    """
     import os
 
     import torch
@@ -94,8 +99,12 @@ def _start_worker(recipe: RuntimeRecipe, threads: int) -> None:
     from fedhet.federation.trainer import silence_lightning
 
     silence_lightning()
+    return recipe.build()
+
+
+def _start_worker(recipe: RuntimeRecipe, threads: int) -> None:
     global _WORKER_RUNTIME
-    _WORKER_RUNTIME = recipe.build()
+    _WORKER_RUNTIME = build_worker_runtime(recipe, threads)
 
 
 def _worker_fit(task: ClientTask) -> ClientResult:
