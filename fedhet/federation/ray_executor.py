@@ -58,9 +58,11 @@ class RayClientWorker:
     def __init__(self, recipe: RuntimeRecipe, threads: int) -> None:
         self.runtime = build_worker_runtime(recipe, threads)
 
-    def ready(self) -> int:
-        """The worker's process id, once its runtime is built."""
-        return os.getpid()
+    def ready(self) -> str:
+        """Where the worker imported fedhet from, once its runtime is built."""
+        import fedhet
+
+        return fedhet.__file__ or ""
 
     def fit(self, task: ClientTask, download: Any) -> ClientResult:
         """One client's round; ``download`` arrives separately (shared through the object store)."""
@@ -80,10 +82,10 @@ class RayExecutor(Executor):
         cpus_per_worker: CPUs Ray reserves for each actor.
         gpus_per_worker: GPUs per actor; fractions share one GPU (``0.25``: four workers on one
             big GPU). ``0``: CPU-only actors.
-        address: ``None`` starts a local Ray instance on this machine (shut down with the run);
-            otherwise the address of a running cluster to join (``"auto"``, ``"host:6379"`` or
-            ``"ray://host:10001"``), which is left running. A Ray instance already started in
-            this process is used as it is.
+        address: ``None`` starts a new local Ray instance on this machine (shut down with the
+            run); otherwise the address of a running cluster to join (``"auto"``: the one
+            ``ray start`` started on this machine, ``"host:6379"``, ``"ray://host:10001"``), which
+            is left running. A Ray instance already started in this process is used as it is.
         threads_per_worker: intra-op threads of each actor (``None``: ``cpus_per_worker``,
             at least 1). On CPUs, several single-threaded workers beat one multi-threaded
             process for the small batches of FL clients (docs/performance.md).
@@ -114,6 +116,7 @@ class RayExecutor(Executor):
         self.threads_per_worker = threads_per_worker or max(1, int(cpus_per_worker))
         self._actors: list[Any] = []
         self._started_ray = False
+        self.worker_fedhet: list[str] = []  # where each worker imported fedhet from (set by start)
 
     # ------------------------------------------------------------------ start-up
     def start(self, recipe: RuntimeRecipe, runtime: ClientRuntime) -> None:
@@ -124,6 +127,11 @@ class RayExecutor(Executor):
                 "federation.executor: the trainer runs clients on a GPU but gpus_per_worker=0; set "
                 "gpus_per_worker (e.g. 0.5: two workers share one GPU) or trainer.accelerator=cpu"
             )
+        if self.address is None and self.gpus_per_worker > 0 and not _local_gpu():
+            raise ConfigError(
+                f"federation.executor: gpus_per_worker={self.gpus_per_worker} but this machine has no GPU; "
+                "set gpus_per_worker=0"
+            )
         if not ray.is_initialized():
             options: dict[str, Any] = {
                 "include_dashboard": False,
@@ -131,9 +139,13 @@ class RayExecutor(Executor):
                 "log_to_driver": True,
             }
             if self.address is None:
-                # a local instance with room for the asked-for workers (oversubscribing is the user's call)
+                # a local instance with room for the asked-for workers (oversubscribing is the user's call),
+                # whose workers import this fedhet (not another checkout an editable install points to)
                 wanted = self.cpus_per_worker * (self.workers or 1)
+                options["address"] = "local"  # a new instance, never one somebody started on this machine
                 options["num_cpus"] = max(os.cpu_count() or 1, math.ceil(wanted))
+                paths = [_fedhet_root(), os.environ.get("PYTHONPATH", "")]
+                options["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}}
             else:
                 options["address"] = self.address
             try:
@@ -151,8 +163,7 @@ class RayExecutor(Executor):
             )
             recipe_ref = ray.put(recipe)  # one copy in the object store, read by every actor
             self._actors = [actor_class.remote(recipe_ref, self.threads_per_worker) for _ in range(workers)]
-            for ref in [actor.ready.remote() for actor in self._actors]:
-                self._get(ref, None)
+            self.worker_fedhet = [self._get(actor.ready.remote(), None) for actor in self._actors]
             del recipe_ref
         except BaseException:
             self.shutdown()
@@ -263,6 +274,20 @@ class RayExecutor(Executor):
             self._started_ray = False
             if ray.is_initialized():
                 ray.shutdown()
+
+
+def _local_gpu() -> bool:
+    """Whether this machine has a CUDA GPU (what a local Ray instance would offer its actors)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _fedhet_root() -> str:
+    """The directory this process imported the ``fedhet`` package from."""
+    import fedhet
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(fedhet.__file__ or "")))
 
 
 def _first_line(error: BaseException) -> str:
