@@ -169,4 +169,38 @@ class ProcessExecutor(Executor):
             self._pool = None
 
 
+#: Largest client batch for which, on a CPU-only machine with several cores, independent clients in
+#: parallel (one intra-op thread each) were measured faster than one client at a time with several
+#: threads (benchmarks/parallel_clients.py, docs/performance.md).
+PARALLEL_BATCH_MAX = 64
+
+
+def sequential_threads_hint(
+    executor: Executor,
+    device: str,
+    threads: int,
+    cores: int,
+    batch_size: int,
+    clients_per_round: int,
+    collaborative: bool,
+) -> str | None:
+    """One warning line when the default executor is the slow choice for this run, else ``None``.
+
+    That is: clients one after another with several intra-op threads, on a CPU-only machine with
+    several cores, for client batches of at most :data:`PARALLEL_BATCH_MAX` and at least two
+    clients per round, in a method whose clients train independently (a lock-step collaborative
+    phase runs in the driver whatever the executor).
+    """
+    if not isinstance(executor, SequentialExecutor) or device != "cpu" or collaborative:
+        return None
+    workers = min(threads, cores, clients_per_round)
+    if workers < 2 or batch_size > PARALLEL_BATCH_MAX:
+        return None
+    return (
+        f"fedhet: warning: clients run one at a time with {threads} intra-op threads on {cores} CPU cores; "
+        f"for batch-{batch_size} clients, {workers} workers x 1 thread finish rounds faster (docs/performance.md): "
+        f"--federation.executor '{{class_path: fedhet.federation.ProcessExecutor, init_args: {{workers: {workers}}}}}'"
+    )
+
+
 EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "process": ProcessExecutor}
