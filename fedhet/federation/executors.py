@@ -60,6 +60,20 @@ class Executor(ABC):
         """Release workers (the loop calls this in a ``finally``)."""
 
 
+def largest_first(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[int]:
+    """Task indices, the clients with most training examples first.
+
+    Parallel executors hand tasks out in this order so the longest client steps start first and a
+    skewed partition does not leave one worker finishing alone; per-client seeding makes the
+    numbers independent of the order.
+    """
+    try:
+        sizes = [len(runtime.scenario.client_data(task.client_id).train) for task in tasks]
+    except Exception:  # a scenario without per-client training sets: task order
+        return list(range(len(tasks)))
+    return sorted(range(len(tasks)), key=lambda i: -sizes[i])
+
+
 class SequentialExecutor(Executor):
     """In-process, one client after another (the default; deterministic and cheapest on one machine)."""
 
@@ -154,11 +168,11 @@ class ProcessExecutor(Executor):
     ) -> list[ClientResult]:
         if self._pool is None:
             raise RuntimeError("ProcessExecutor used before start() or after shutdown()")
-        futures = [self._pool.submit(_worker_fit, task) for task in tasks]
+        futures = {index: self._pool.submit(_worker_fit, tasks[index]) for index in largest_first(tasks, self.runtime)}
         if on_result is not None:
-            for done, _ in enumerate(as_completed(futures), start=1):
+            for done, _ in enumerate(as_completed(futures.values()), start=1):
                 on_result(done)
-        return [future.result() for future in futures]
+        return [futures[index].result() for index in range(len(tasks))]
 
     def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
         return self._map(_worker_evaluate, tasks, [apply_download] * len(tasks))

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedhet.errors import ConfigError, FedhetError, TrainingError
-from fedhet.federation.executors import EvalCounts, Executor, build_worker_runtime
+from fedhet.federation.executors import EvalCounts, Executor, build_worker_runtime, largest_first
 from fedhet.federation.runtime import ClientResult, ClientRuntime, ClientTask, RuntimeRecipe
 from fedhet.hparams import NonNegativeFloat, PositiveFloat, PositiveInt
 
@@ -197,14 +197,6 @@ class RayExecutor(Executor):
     def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
         return self._run("evaluate", tasks, (apply_download,), None)
 
-    def _order(self, tasks: Sequence[ClientTask]) -> list[int]:
-        """Task indices, the clients with most training examples first (longest jobs first balance workers)."""
-        try:
-            sizes = [len(self.runtime.scenario.client_data(task.client_id).train) for task in tasks]
-        except Exception:  # a scenario without per-client sizes: task order
-            return list(range(len(tasks)))
-        return sorted(range(len(tasks)), key=lambda i: -sizes[i])
-
     def _run(
         self, method: str, tasks: Sequence[ClientTask], extra: tuple[Any, ...], on_result: Callable[[int], None] | None
     ) -> list[Any]:
@@ -216,7 +208,7 @@ class RayExecutor(Executor):
         for task in tasks:
             if task.download is not None and id(task.download) not in downloads:
                 downloads[id(task.download)] = ray.put(task.download)
-        queue = deque(self._order(tasks))
+        queue = deque(largest_first(tasks, self.runtime))
         idle = list(reversed(self._actors))
         pending: dict[Any, tuple[int, Any]] = {}
         results: list[Any] = [None] * len(tasks)
