@@ -183,9 +183,11 @@ class ProcessExecutor(Executor):
             self._pool = None
 
 
-#: Largest client batch for which, on a CPU-only machine with several cores, independent clients in
-#: parallel (one intra-op thread each) were measured faster than one client at a time with several
-#: threads (benchmarks/parallel_clients.py, docs/performance.md).
+#: Largest client batch for which the default executor warns when it runs clients one at a time with
+#: several intra-op threads on a CPU-only machine with several cores: the small-batch regime of FL
+#: clients, where several threads were measured slower than one, and slower than parallel workers of
+#: one thread each (benchmarks/parallel_clients.py, docs/performance.md). Larger batches split better
+#: across threads on an idle machine and are left alone.
 PARALLEL_BATCH_MAX = 64
 
 
@@ -210,10 +212,11 @@ def sequential_threads_hint(
     workers = min(threads, cores, clients_per_round)
     if workers < 2 or batch_size > PARALLEL_BATCH_MAX:
         return None
+    option = "process" if workers == 2 else f"process --federation.executor.workers {workers}"
     return (
-        f"fedhet: warning: clients run one at a time with {threads} intra-op threads on {cores} CPU cores; "
-        f"for batch-{batch_size} clients, {workers} workers x 1 thread finish rounds faster (docs/performance.md): "
-        f"--federation.executor '{{class_path: fedhet.federation.ProcessExecutor, init_args: {{workers: {workers}}}}}'"
+        f"fedhet: warning: clients run one at a time with {threads} intra-op threads on {cores} CPU cores, the "
+        f"slowest setting measured for batch-{batch_size} clients (docs/performance.md); run {workers} workers x 1 "
+        f"thread (--federation.executor {option}) or, on a busy machine, set OMP_NUM_THREADS=1"
     )
 
 

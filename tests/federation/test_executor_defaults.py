@@ -23,7 +23,8 @@ def _hint(executor=None, **overrides):
 def test_slow_default_is_named_only_where_workers_were_measured_faster():
     """Sequential with several threads on several CPU cores and small batches warns, naming the fix; else nothing."""
     line = _hint()
-    assert line is not None and "\n" not in line and "ProcessExecutor" in line and "workers: 2" in line
+    assert line is not None and "\n" not in line and "--federation.executor process" in line
+    assert "--federation.executor.workers 4" in _hint(threads=4, cores=4)
     assert _hint(ProcessExecutor()) is None
     assert _hint(device="cuda") is None
     assert _hint(threads=1) is None and _hint(cores=1) is None and _hint(clients_per_round=1) is None
