@@ -11,6 +11,8 @@ hides in a worker between calls and a worker can live in another process or on a
 * :class:`ProcessExecutor`: a pool of local worker processes, each rebuilding the runtime from
   the recipe; independent client steps run concurrently with ``threads_per_worker`` intra-op
   threads each and give the numbers of the sequential executor at the same thread count.
+* :class:`~fedhet.federation.ray_executor.RayExecutor` (``fedhet[ray]``): the same on Ray actors,
+  on this machine (whole or fractional GPUs per worker) or on a running Ray cluster.
 
 The lock-step collaborative phase needs every participant live in one process, so every
 executor runs it in the driver's runtime.
