@@ -33,14 +33,37 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs/experiments/digits_dir/fedproto.yaml")
 
 
-def _loop(executor=None, rounds=2):
+def _loop(executor=None, rounds=2, callbacks=()):
     """A tiny FedProx run (3 clients, cnn_tiny) on ``executor``."""
     scenario = tiny_label_skew()
     scenario.setup()
     trainer = TrainerTemplate(max_epochs=1, accelerator="cpu")
     return FederationLoop(
-        FedProx(mu=0.01, lr=0.05), scenario, ["cnn_tiny"] * 3, trainer, rounds=rounds, executor=executor
+        FedProx(mu=0.01, lr=0.05),
+        scenario,
+        ["cnn_tiny"] * 3,
+        trainer,
+        rounds=rounds,
+        executor=executor,
+        callbacks=callbacks,
     )
+
+
+class _ClientEnds:
+    """Records the loop's per-client progress calls (``on_client_end(step, done, total)``)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def on_client_end(self, step_idx, done, total):
+        """Keep the call."""
+        self.calls.append((step_idx, done, total))
+
+    def on_round_end(self, loop, record):
+        """Nothing to do."""
+
+    def on_run_end(self, loop, summary):
+        """Nothing to do."""
 
 
 def _free_port() -> int:
@@ -96,7 +119,8 @@ def test_ray_executor_gives_the_sequential_numbers():
     try:
         sequential = _loop()
         expected = sequential.run()
-        parallel = _loop(RayExecutor(workers=2, threads_per_worker=1))
+        progress = _ClientEnds()
+        parallel = _loop(RayExecutor(workers=2, threads_per_worker=1), callbacks=[progress])
         workers_fedhet = parallel.executor.worker_fedhet
         got = parallel.run()
     finally:
@@ -105,6 +129,7 @@ def test_ray_executor_gives_the_sequential_numbers():
     assert got["final"] == expected["final"] and got["comm"] == expected["comm"]
     for cid in range(3):
         assert _state_hash(parallel.store.get(cid)) == _state_hash(sequential.store.get(cid))
+    assert progress.calls == [(step, done, 3) for step in (0, 1) for done in (1, 2, 3)]  # as results arrive
     assert parallel.executor._actors == [] and not ray.is_initialized()  # the executor stopped the Ray it started
 
 
