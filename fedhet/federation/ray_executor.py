@@ -195,17 +195,25 @@ class RayExecutor(Executor):
         return self._run("fit", tasks, (), on_result)
 
     def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
-        return self._run("evaluate", tasks, (apply_download,), None)
+        return self._run("evaluate", tasks, (apply_download,), None, send_downloads=apply_download)
 
     def _run(
-        self, method: str, tasks: Sequence[ClientTask], extra: tuple[Any, ...], on_result: Callable[[int], None] | None
+        self,
+        method: str,
+        tasks: Sequence[ClientTask],
+        extra: tuple[Any, ...],
+        on_result: Callable[[int], None] | None,
+        send_downloads: bool = True,
     ) -> list[Any]:
-        """Hand the tasks to idle actors one at a time; results in task order, ``on_result`` as they arrive."""
+        """Hand the tasks to idle actors one at a time; results in task order, ``on_result`` as they arrive.
+
+        ``send_downloads=False`` (an evaluation before the download) sends none: the worker would not read them.
+        """
         if not self._actors:
             raise RuntimeError("RayExecutor used before start() or after shutdown()")
         ray = import_ray()
         downloads: dict[int, Any] = {}  # id(download) -> its object-store reference, one per distinct payload
-        for task in tasks:
+        for task in tasks if send_downloads else ():
             if task.download is not None and id(task.download) not in downloads:
                 downloads[id(task.download)] = ray.put(task.download)
         queue = deque(largest_first(tasks, self.runtime))
@@ -217,7 +225,7 @@ class RayExecutor(Executor):
             while queue and idle:
                 index = queue.popleft()
                 task = tasks[index]
-                download = downloads.get(id(task.download)) if task.download is not None else None
+                download = downloads.get(id(task.download))
                 actor = idle.pop()
                 bare = dataclasses.replace(task, download=None)
                 pending[getattr(actor, method).remote(bare, download, *extra)] = (index, actor)

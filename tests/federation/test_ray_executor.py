@@ -50,12 +50,12 @@ def _loop(executor=None, rounds=2, callbacks=()):
 
 
 class _ClientEnds:
-    """Records the loop's per-client progress calls (``on_client_end(step, done, total)``)."""
+    """Records the loop's per-client progress calls (``on_client_end(loop, step, done, total)``)."""
 
     def __init__(self):
         self.calls = []
 
-    def on_client_end(self, step_idx, done, total):
+    def on_client_end(self, loop, step_idx, done, total):
         """Keep the call."""
         self.calls.append((step_idx, done, total))
 
