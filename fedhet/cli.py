@@ -63,7 +63,8 @@ class FederationSettings:
         disk_threshold: client count above which ``"auto"`` keeps client states on disk.
         executor: where client steps run: ``null`` (sequential, in-process) or an executor class
             with its arguments, e.g. ``{class_path: fedhet.federation.ProcessExecutor, init_args:
-            {workers: 2}}``.
+            {workers: 2}}``; ``sequential``, ``process`` and ``ray`` name the three executors
+            (``--federation.executor ray --federation.executor.workers 2``).
         eval_clients: which clients are evaluated: ``"all"``, ``"participants"`` (the round's), a
             number sampled per evaluation, or ``"auto"`` (all up to 100 clients, participants above).
         extra_rounds: full-participation rounds after the federated rounds (equal budgets for
@@ -127,7 +128,26 @@ def _load_yaml(text: str) -> Any:
     value = get_loader("yaml")(text)
     if isinstance(value, dict) and "method" in value:
         value["method"] = _map_method(value["method"])
+    if isinstance(value, dict) and isinstance(value.get("federation"), dict) and "executor" in value["federation"]:
+        value["federation"]["executor"] = _map_executor(value["federation"]["executor"])
     return value
+
+
+#: Short names of the executors (``--federation.executor ray``), mapped to class paths before parsing.
+EXECUTOR_NAMES = {
+    "sequential": "fedhet.federation.SequentialExecutor",
+    "process": "fedhet.federation.ProcessExecutor",
+    "ray": "fedhet.federation.RayExecutor",
+}
+
+
+def _map_executor(node: Any) -> Any:
+    """A ``federation.executor`` value with a short name (``ray``) replaced by its class path."""
+    if isinstance(node, str) and node.lower() in EXECUTOR_NAMES:
+        return EXECUTOR_NAMES[node.lower()]
+    if isinstance(node, dict) and str(node.get("class_path", "")).lower() in EXECUTOR_NAMES:
+        return {**node, "class_path": EXECUTOR_NAMES[str(node["class_path"]).lower()]}
+    return node
 
 
 def _map_method(node: Any) -> Any:
@@ -298,7 +318,7 @@ def _check_config_file(path: str) -> None:
 
 
 def _prepare_args(args: Sequence[str]) -> list[str]:
-    """Check ``--config`` files and map method names in ``--method`` before jsonargparse parses.
+    """Check ``--config`` files and map method and executor names before jsonargparse parses.
 
     ``--method fccl_plus`` (a registry name, as ``fedhet list`` prints it) becomes the class path
     jsonargparse understands; an unknown name is one line with did-you-mean and every method.
@@ -323,6 +343,17 @@ def _prepare_args(args: Sequence[str]) -> list[str]:
                     pass  # left to jsonargparse's error
             else:
                 value = _map_method(value)
+            out.append(f"{name}={value}")
+        elif name == "--federation.executor":
+            if not equals:
+                value = next(iterator, "")
+            if value.lstrip().startswith("{"):
+                try:
+                    value = json.dumps(_map_executor(yaml.safe_load(value)))
+                except yaml.YAMLError:
+                    pass  # left to jsonargparse's error
+            else:
+                value = _map_executor(value)
             out.append(f"{name}={value}")
         else:
             out.append(arg)
@@ -438,6 +469,27 @@ def check_environment(config: Any, wandb: bool = True) -> None:
             "fedhet: warning: W&B mode is online but no W&B credentials were found (WANDB_API_KEY or 'wandb login'); "
             "logging offline into the run directory instead, upload it later with 'wandb sync'"
         )
+
+
+def _warn_slow_default(loop: FederationLoop) -> None:
+    """Say in one line when parallel workers would run this run's rounds faster than the default executor."""
+    import torch
+
+    from fedhet.federation.executors import sequential_threads_hint
+    from fedhet.federation.sampling import clients_per_round
+
+    scenario = loop.scenario
+    hint = sequential_threads_hint(
+        loop.executor,
+        device=loop.runtime.device.type,
+        threads=torch.get_num_threads(),
+        cores=os.cpu_count() or 1,
+        batch_size=int(scenario.batch_size),
+        clients_per_round=clients_per_round(scenario.num_clients, loop.participation),
+        collaborative=loop.algorithm.collaborative_epochs() > 0,
+    )
+    if hint is not None:
+        log.warning(hint)
 
 
 def _plain_numbers(obj: Any, depth: int = 2) -> None:
@@ -614,6 +666,8 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     try:
         store = DiskStateStore(run_path / "clients") if experiment.uses_disk_store() else MemoryStateStore()
         loop = experiment.build_loop(store, resolved_yaml)
+        if experiment.objects.federation.executor is None:
+            _warn_slow_default(loop)
         if not resume:
             run_dir.create(resolved_yaml)
     except BaseException:

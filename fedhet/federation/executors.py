@@ -11,6 +11,8 @@ hides in a worker between calls and a worker can live in another process or on a
 * :class:`ProcessExecutor`: a pool of local worker processes, each rebuilding the runtime from
   the recipe; independent client steps run concurrently with ``threads_per_worker`` intra-op
   threads each and give the numbers of the sequential executor at the same thread count.
+* :class:`~fedhet.federation.ray_executor.RayExecutor` (``fedhet[ray]``): the same on Ray actors,
+  on this machine (whole or fractional GPUs per worker) or on a running Ray cluster.
 
 The lock-step collaborative phase needs every participant live in one process, so every
 executor runs it in the driver's runtime.
@@ -60,6 +62,20 @@ class Executor(ABC):
         """Release workers (the loop calls this in a ``finally``)."""
 
 
+def largest_first(tasks: Sequence[ClientTask], runtime: ClientRuntime) -> list[int]:
+    """Task indices, the clients with most training examples first.
+
+    Parallel executors hand tasks out in this order so the longest client steps start first and a
+    skewed partition does not leave one worker finishing alone; per-client seeding makes the
+    numbers independent of the order.
+    """
+    try:
+        sizes = [len(runtime.scenario.client_data(task.client_id).train) for task in tasks]
+    except Exception:  # a scenario without per-client training sets: task order
+        return list(range(len(tasks)))
+    return sorted(range(len(tasks)), key=lambda i: -sizes[i])
+
+
 class SequentialExecutor(Executor):
     """In-process, one client after another (the default; deterministic and cheapest on one machine)."""
 
@@ -83,7 +99,12 @@ class SequentialExecutor(Executor):
 _WORKER_RUNTIME: ClientRuntime | None = None
 
 
-def _start_worker(recipe: RuntimeRecipe, threads: int) -> None:
+def build_worker_runtime(recipe: RuntimeRecipe, threads: int) -> ClientRuntime:
+    """Set up a worker process (``threads`` intra-op threads, quiet Lightning) and rebuild the runtime.
+
+    Shared by every executor whose workers live in other processes (local pools, Ray actors), so
+    they all run clients with the same numerics as the driver at the same thread count.
+    """
     import os
 
     import torch
@@ -94,8 +115,12 @@ def _start_worker(recipe: RuntimeRecipe, threads: int) -> None:
     from fedhet.federation.trainer import silence_lightning
 
     silence_lightning()
+    return recipe.build()
+
+
+def _start_worker(recipe: RuntimeRecipe, threads: int) -> None:
     global _WORKER_RUNTIME
-    _WORKER_RUNTIME = recipe.build()
+    _WORKER_RUNTIME = build_worker_runtime(recipe, threads)
 
 
 def _worker_fit(task: ClientTask) -> ClientResult:
@@ -145,11 +170,11 @@ class ProcessExecutor(Executor):
     ) -> list[ClientResult]:
         if self._pool is None:
             raise RuntimeError("ProcessExecutor used before start() or after shutdown()")
-        futures = [self._pool.submit(_worker_fit, task) for task in tasks]
+        futures = {index: self._pool.submit(_worker_fit, tasks[index]) for index in largest_first(tasks, self.runtime)}
         if on_result is not None:
-            for done, _ in enumerate(as_completed(futures), start=1):
+            for done, _ in enumerate(as_completed(futures.values()), start=1):
                 on_result(done)
-        return [future.result() for future in futures]
+        return [futures[index].result() for index in range(len(tasks))]
 
     def evaluate(self, tasks: Sequence[ClientTask], apply_download: bool = True) -> list[EvalCounts]:
         return self._map(_worker_evaluate, tasks, [apply_download] * len(tasks))
@@ -158,6 +183,43 @@ class ProcessExecutor(Executor):
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+#: Largest client batch for which the default executor warns when it runs clients one at a time with
+#: several intra-op threads on a CPU-only machine with several cores: the small-batch regime of FL
+#: clients, where several threads were measured slower than one, and slower than parallel workers of
+#: one thread each (benchmarks/parallel_clients.py, docs/performance.md). Larger batches split better
+#: across threads on an idle machine and are left alone.
+PARALLEL_BATCH_MAX = 64
+
+
+def sequential_threads_hint(
+    executor: Executor,
+    device: str,
+    threads: int,
+    cores: int,
+    batch_size: int,
+    clients_per_round: int,
+    collaborative: bool,
+) -> str | None:
+    """One warning line when the default executor is the slow choice for this run, else ``None``.
+
+    That is: clients one after another with several intra-op threads, on a CPU-only machine with
+    several cores, for client batches of at most :data:`PARALLEL_BATCH_MAX` and at least two
+    clients per round, in a method whose clients train independently (a lock-step collaborative
+    phase runs in the driver whatever the executor).
+    """
+    if not isinstance(executor, SequentialExecutor) or device != "cpu" or collaborative:
+        return None
+    workers = min(threads, cores, clients_per_round)
+    if workers < 2 or batch_size > PARALLEL_BATCH_MAX:
+        return None
+    option = "process" if workers == 2 else f"process --federation.executor.workers {workers}"
+    return (
+        f"fedhet: warning: clients run one at a time with {threads} intra-op threads on {cores} CPU cores, the "
+        f"slowest setting measured for batch-{batch_size} clients (docs/performance.md); run {workers} workers x 1 "
+        f"thread (--federation.executor {option}) or, on a busy machine, set OMP_NUM_THREADS=1"
+    )
 
 
 EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "process": ProcessExecutor}
