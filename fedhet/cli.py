@@ -471,27 +471,6 @@ def check_environment(config: Any, wandb: bool = True) -> None:
         )
 
 
-def _warn_slow_default(loop: FederationLoop) -> None:
-    """Say in one line when parallel workers would run this run's rounds faster than the default executor."""
-    import torch
-
-    from fedhet.federation.executors import sequential_threads_hint
-    from fedhet.federation.sampling import clients_per_round
-
-    scenario = loop.scenario
-    hint = sequential_threads_hint(
-        loop.executor,
-        device=loop.runtime.device.type,
-        threads=torch.get_num_threads(),
-        cores=os.cpu_count() or 1,
-        batch_size=int(scenario.batch_size),
-        clients_per_round=clients_per_round(scenario.num_clients, loop.participation),
-        collaborative=loop.algorithm.collaborative_epochs() > 0,
-    )
-    if hint is not None:
-        log.warning(hint)
-
-
 def _plain_numbers(obj: Any, depth: int = 2) -> None:
     """Replace jsonargparse's range-checked numbers in ``obj``'s attributes by plain ``float``/``int``.
 
@@ -666,8 +645,6 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     try:
         store = DiskStateStore(run_path / "clients") if experiment.uses_disk_store() else MemoryStateStore()
         loop = experiment.build_loop(store, resolved_yaml)
-        if experiment.objects.federation.executor is None:
-            _warn_slow_default(loop)
         if not resume:
             run_dir.create(resolved_yaml)
     except BaseException:

@@ -185,41 +185,4 @@ class ProcessExecutor(Executor):
             self._pool = None
 
 
-#: Largest client batch for which the default executor warns when it runs clients one at a time with
-#: several intra-op threads on a CPU-only machine with several cores: the small-batch regime of FL
-#: clients, where several threads were measured slower than one, and slower than parallel workers of
-#: one thread each (benchmarks/parallel_clients.py, docs/performance.md). Larger batches split better
-#: across threads on an idle machine and are left alone.
-PARALLEL_BATCH_MAX = 64
-
-
-def sequential_threads_hint(
-    executor: Executor,
-    device: str,
-    threads: int,
-    cores: int,
-    batch_size: int,
-    clients_per_round: int,
-    collaborative: bool,
-) -> str | None:
-    """One warning line when the default executor is the slow choice for this run, else ``None``.
-
-    That is: clients one after another with several intra-op threads, on a CPU-only machine with
-    several cores, for client batches of at most :data:`PARALLEL_BATCH_MAX` and at least two
-    clients per round, in a method whose clients train independently (a lock-step collaborative
-    phase runs in the driver whatever the executor).
-    """
-    if not isinstance(executor, SequentialExecutor) or device != "cpu" or collaborative:
-        return None
-    workers = min(threads, cores, clients_per_round)
-    if workers < 2 or batch_size > PARALLEL_BATCH_MAX:
-        return None
-    option = "process" if workers == 2 else f"process --federation.executor.workers {workers}"
-    return (
-        f"fedhet: warning: clients run one at a time with {threads} intra-op threads on {cores} CPU cores, the "
-        f"slowest setting measured for batch-{batch_size} clients (docs/performance.md); run {workers} workers x 1 "
-        f"thread (--federation.executor {option}) or, on a busy machine, set OMP_NUM_THREADS=1"
-    )
-
-
 EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "process": ProcessExecutor}

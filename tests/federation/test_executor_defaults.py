@@ -9,27 +9,7 @@ import pytest
 
 from fedhet.cli import _load_yaml, _prepare_args
 from fedhet.errors import ConfigError
-from fedhet.federation import ProcessExecutor, RayExecutor, SequentialExecutor
-from fedhet.federation.executors import PARALLEL_BATCH_MAX, sequential_threads_hint
-
-
-def _hint(executor=None, **overrides):
-    """The hint for a 2-core CPU machine, 2 threads, batch 10, 20 clients per round, unless overridden."""
-    kwargs = dict(device="cpu", threads=2, cores=2, batch_size=10, clients_per_round=20, collaborative=False)
-    kwargs.update(overrides)
-    return sequential_threads_hint(executor or SequentialExecutor(), **kwargs)
-
-
-def test_slow_default_is_named_only_where_workers_were_measured_faster():
-    """Sequential with several threads on several CPU cores and small batches warns, naming the fix; else nothing."""
-    line = _hint()
-    assert line is not None and "\n" not in line and "--federation.executor process" in line
-    assert "--federation.executor.workers 4" in _hint(threads=4, cores=4)
-    assert _hint(ProcessExecutor()) is None
-    assert _hint(device="cuda") is None
-    assert _hint(threads=1) is None and _hint(cores=1) is None and _hint(clients_per_round=1) is None
-    assert _hint(batch_size=PARALLEL_BATCH_MAX + 1) is None
-    assert _hint(collaborative=True) is None  # the lock-step phase runs in the driver anyway
+from fedhet.federation import RayExecutor
 
 
 def test_executor_short_names_map_to_class_paths():
