@@ -875,6 +875,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir = getattr(exc, "run_dir", "<run_dir>")
         print(f"fedhet: interrupted; continue the run with 'fedhet fit --resume {run_dir}'", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (``fedhet list | head``): stop quietly, as Unix tools do; stdout is
+        # pointed at devnull so that the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     finally:
         log.removeHandler(handler)
 
