@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.errors import ConfigError
+from fedhet.errors import CommandParser, ConfigError
 from fedhet.files import atomic_savefig, atomic_write_text
 
 #: The blocks of ``summary.json`` tabulated, with their table titles.
@@ -385,16 +385,9 @@ def bars_png(path: Path, results: dict[str, dict[str, Any]], keys: Sequence[str]
 
 
 # ---------------------------------------------------------------------------------------------- the command
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`ConfigError` (one line, exit 2 from ``fedhet``) instead of exiting."""
-
-    def error(self, message: str) -> Any:  # noqa: D102
-        raise ConfigError(f"{message}; see 'fedhet bench --help'")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedhet bench`` parser."""
-    parser = _Parser(
+    parser = CommandParser(
         prog="fedhet bench",
         description="Run a grid of configs x settings x seeds (each a fedhet fit) and tabulate mean ± std over seeds.",
         epilog="Flags after '--' go to every fedhet fit, e.g. -- --rounds 5 --trainer.max_epochs=1",

@@ -28,7 +28,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -317,6 +317,20 @@ def _check_config_file(path: str) -> None:
             raise ConfigError(f"config file '{path}': {exc}") from None
 
 
+def _map_name_or_inline(value: str, mapper: Callable[[Any], Any]) -> str:
+    """A short name mapped to its class path, or an inline ``{class_path: ...}`` mapped inside.
+
+    An inline value that is not valid YAML is passed through unchanged: jsonargparse reports it
+    with the key it belongs to.
+    """
+    if not value.lstrip().startswith("{"):
+        return str(mapper(value))
+    try:
+        return json.dumps(mapper(yaml.safe_load(value)))
+    except yaml.YAMLError:
+        return value
+
+
 def _prepare_args(args: Sequence[str]) -> list[str]:
     """Check ``--config`` files and map method and executor names before jsonargparse parses.
 
@@ -336,25 +350,13 @@ def _prepare_args(args: Sequence[str]) -> list[str]:
                 _check_config_file(value)
             elif name == "--method.help":
                 value = method_class_path(value)
-            elif value.lstrip().startswith("{"):
-                try:
-                    value = json.dumps(_map_method(yaml.safe_load(value)))
-                except yaml.YAMLError:
-                    pass  # left to jsonargparse's error
             else:
-                value = _map_method(value)
+                value = _map_name_or_inline(value, _map_method)
             out.append(f"{name}={value}")
         elif name == "--federation.executor":
             if not equals:
                 value = next(iterator, "")
-            if value.lstrip().startswith("{"):
-                try:
-                    value = json.dumps(_map_executor(yaml.safe_load(value)))
-                except yaml.YAMLError:
-                    pass  # left to jsonargparse's error
-            else:
-                value = _map_executor(value)
-            out.append(f"{name}={value}")
+            out.append(f"{name}={_map_name_or_inline(value, _map_executor)}")
         else:
             out.append(arg)
     return out

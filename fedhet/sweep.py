@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from fedhet.bench import child_environment, default_threads, last_log_line, run_process
-from fedhet.errors import ConfigError, FedhetError
+from fedhet.errors import CommandParser, ConfigError, FedhetError
 from fedhet.files import atomic_write_text
 
 #: The agent's command when a sweep config has none (wandb/wandb_agent.py ``DEFAULT_SWEEP_COMMAND``).
@@ -492,14 +492,9 @@ class Sweep:
 
 
 # ---------------------------------------------------------------------------------------------- the command
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # noqa: D102
-        raise ConfigError(f"{message}; see 'fedhet sweep --help'")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedhet sweep`` parser."""
-    parser = _Parser(
+    parser = CommandParser(
         prog="fedhet sweep",
         description="Run a W&B-format sweep offline (grid, random, bayes), each run a fedhet fit; see docs/sweeps.md.",
         epilog="Flags after '--' go to every run after the swept ones, e.g. -- --rounds 2",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -149,14 +150,36 @@ class SubmoduleAveragingServer(ServerPhase):
         """The global sub-module ``client_id`` receives."""
         return self.global_by_architecture[self.group(self.architectures[client_id])]
 
-    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+    def group_uploads(self, uploads: Sequence[ClientUpload]) -> dict[str, list[ClientUpload]]:
+        """The uploads of each group, in arrival order."""
         groups: dict[str, list[ClientUpload]] = {}
         for upload in uploads:
+            groups.setdefault(self.group(upload.architecture), []).append(upload)
+        return groups
+
+    def group_sizes(self) -> dict[str, int]:
+        """How many clients (participating or not) each group has."""
+        return dict(Counter(self.group(architecture) for architecture in self.architectures))
+
+    def zeros_per_group(self, context: ServerContext, prefix: str, method: str) -> dict[str, dict[str, Tensor]]:
+        """Per group, zeros shaped like the client state under ``prefix`` (FedDyn's ``h``, SCAFFOLD's ``c``)."""
+        zeros: dict[str, dict[str, Tensor]] = {}
+        for client_id, architecture in enumerate(context.architectures):
+            key = self.group(architecture)
+            if key in zeros:
+                continue
+            state = state_with_prefix(context.initial_client_state(client_id), prefix + ".")
+            if not state:
+                raise ConfigError(f"{method}'s server needs {method} clients (no '{prefix}' in the client state)")
+            zeros[key] = {name: torch.zeros_like(value) for name, value in state.items()}
+        return zeros
+
+    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        for upload in uploads:
             assert isinstance(upload.payload, WeightsPayload)
-            key = self.group(upload.architecture)
-            upload.payload.validate_against(self.global_by_architecture[key], f"client {upload.client_id}")
-            groups.setdefault(key, []).append(upload)
-        for key, members in groups.items():
+            reference = self.global_by_architecture[self.group(upload.architecture)]
+            upload.payload.validate_against(reference, f"client {upload.client_id}")
+        for key, members in self.group_uploads(uploads).items():
             weights = [u.payload.num_examples if self.weighting == "samples" else 1 for u in members]
             self.global_by_architecture[key] = weighted_average([u.payload.weights for u in members], weights)  # type: ignore[attr-defined]
             self.aggregated.add(key)

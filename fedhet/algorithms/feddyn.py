@@ -43,7 +43,6 @@ Deviations from paper/official code:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, OptimizerName, ServerContext, ServerPhase
-from fedhet.algorithms.common import ParameterBuffers, state_with_prefix
+from fedhet.algorithms.common import ParameterBuffers
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.errors import ConfigError
@@ -154,23 +153,14 @@ class FedDynServer(FedAvgServer):
 
     def setup(self, context: ServerContext) -> None:
         super().setup(context)
-        self.clients_by_architecture = dict(Counter(self.group(a) for a in context.architectures))
-        for client_id, architecture in enumerate(context.architectures):
-            key = self.group(architecture)
-            if key in self.h_by_architecture:
-                continue
-            state = state_with_prefix(context.initial_client_state(client_id), GRADIENT_STATE + ".")
-            if not state:
-                raise ConfigError("FedDynServer needs FedDyn clients (no 'gradient_state' in the client state)")
-            self.h_by_architecture[key] = {name: torch.zeros_like(value) for name, value in state.items()}
+        self.clients_by_architecture = self.group_sizes()
+        if not self.h_by_architecture:  # a resumed server keeps the h its checkpoint restores
+            self.h_by_architecture = self.zeros_per_group(context, GRADIENT_STATE, "FedDyn")
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
         super().aggregate(round_idx, uploads)  # validates; global <- uniform mean of the uploads
-        groups: dict[str, list[ClientUpload]] = {}
-        for upload in uploads:
-            groups.setdefault(self.group(upload.architecture), []).append(upload)
-        for key, members in groups.items():
+        for key, members in self.group_uploads(uploads).items():
             h, mean, before = self.h_by_architecture[key], self.global_by_architecture[key], previous[key]
             m = self.clients_by_architecture[key]
             for name, h_old in h.items():

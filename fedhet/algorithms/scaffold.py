@@ -49,7 +49,6 @@ Deviations from paper/official code:
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,9 +57,9 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, OptimizerName, ServerContext, ServerPhase
-from fedhet.algorithms.common import ParameterBuffers, state_with_prefix
+from fedhet.algorithms.common import ParameterBuffers
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
-from fedhet.core.payloads import Payload, WeightsPayload, check_shape
+from fedhet.core.payloads import Payload, WeightsPayload, check_like
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
@@ -80,17 +79,9 @@ class ScaffoldPayload(WeightsPayload):
     control: dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
     def validate_control(self, reference: Mapping[str, Tensor], sender: str = "client") -> None:
-        """Validate values, then the control variate's keys and shapes against ``reference``."""
+        """Validate values, then the control variate's keys, shapes and dtype kinds against ``reference``."""
         self.validate(sender)
-        if set(self.control) != set(reference):
-            missing = sorted(set(reference) - set(self.control))[:3]
-            extra = sorted(set(self.control) - set(reference))[:3]
-            raise TrainingError(
-                f"{sender} sent a control variate whose keys differ from the model's parameters "
-                f"(missing {missing}, unexpected {extra})"
-            )
-        for key, tensor in self.control.items():
-            check_shape(sender, f"control.{key}", tensor, tuple(reference[key].shape))
+        check_like(sender, "control", self.control, reference, "the model's parameters", "a control variate")
 
 
 class ScaffoldClient(FedAvgClient):
@@ -209,15 +200,9 @@ class ScaffoldServer(FedAvgServer):
 
     def setup(self, context: ServerContext) -> None:
         super().setup(context)
-        self.clients_by_architecture = dict(Counter(self.group(a) for a in context.architectures))
-        for client_id, architecture in enumerate(context.architectures):
-            key = self.group(architecture)
-            if key in self.control_by_architecture:
-                continue
-            state = state_with_prefix(context.initial_client_state(client_id), CONTROL_VARIATE + ".")
-            if not state:
-                raise ConfigError("ScaffoldServer needs SCAFFOLD clients (no 'control_variate' in the client state)")
-            self.control_by_architecture[key] = {name: torch.zeros_like(value) for name, value in state.items()}
+        self.clients_by_architecture = self.group_sizes()
+        if not self.control_by_architecture:  # a resumed server keeps the c its checkpoint restores
+            self.control_by_architecture = self.zeros_per_group(context, CONTROL_VARIATE, "SCAFFOLD")
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         for upload in uploads:
@@ -227,10 +212,7 @@ class ScaffoldServer(FedAvgServer):
             upload.payload.validate_control(reference, f"client {upload.client_id}")
         previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
         super().aggregate(round_idx, uploads)  # validates the weights; global <- uniform mean (buffers)
-        groups: dict[str, list[ClientUpload]] = {}
-        for upload in uploads:
-            groups.setdefault(self.group(upload.architecture), []).append(upload)
-        for key, members in groups.items():
+        for key, members in self.group_uploads(uploads).items():
             control, model, x = self.control_by_architecture[key], self.global_by_architecture[key], previous[key]
             total = self.clients_by_architecture[key]
             for name, c in control.items():

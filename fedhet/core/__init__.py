@@ -4,7 +4,7 @@
 import from here and never from each other's internals, so the package graph has no cycle.
 """
 
-from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload, check_shape
+from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload, check_like, check_shape
 from fedhet.core.state import atomic_torch_save, clone_state, copy_state_into, safe_torch_load
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "Payload",
     "WeightsPayload",
     "atomic_torch_save",
+    "check_like",
     "check_shape",
     "clone_state",
     "copy_state_into",

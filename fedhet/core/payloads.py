@@ -117,22 +117,38 @@ class WeightsPayload(Payload):
     weights: dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
     def validate_against(self, reference: Mapping[str, Tensor], sender: str = "client") -> None:
-        """Validate values, then keys and shapes against a reference ``state_dict``."""
+        """Validate values, then keys, shapes and dtype kinds against a reference ``state_dict``."""
         self.validate(sender)
-        if set(self.weights) != set(reference):
-            missing = sorted(set(reference) - set(self.weights))[:3]
-            extra = sorted(set(self.weights) - set(reference))[:3]
+        check_like(sender, "weights", self.weights, reference, "the global model")
+
+
+def check_like(
+    sender: str,
+    field: str,
+    tensors: Mapping[str, Tensor],
+    reference: Mapping[str, Tensor],
+    of: str,
+    what: str | None = None,
+) -> None:
+    """Raise a one-line :class:`TrainingError` unless ``tensors`` has ``reference``'s keys, shapes and dtype kinds.
+
+    ``of`` names what the reference is ("the global model", "the model's parameters") and ``what``
+    what was sent (default: the field's name) in the message.
+    """
+    if set(tensors) != set(reference):
+        missing = sorted(set(reference) - set(tensors))[:3]
+        extra = sorted(set(tensors) - set(reference))[:3]
+        raise TrainingError(
+            f"{sender} sent {what or field} whose keys differ from {of} (missing {missing}, unexpected {extra}); "
+            "all clients of an architecture must send the same layout"
+        )
+    for key, tensor in tensors.items():
+        check_shape(sender, f"{field}.{key}", tensor, tuple(reference[key].shape))
+        if tensor.is_floating_point() != reference[key].is_floating_point():
             raise TrainingError(
-                f"{sender} sent weights whose keys differ from the global model (missing {missing}, "
-                f"unexpected {extra}); this method needs one architecture for all clients"
+                f"{sender} sent '{field}.{key}' as {tensor.dtype} where {of} holds {reference[key].dtype}; "
+                "send tensors in their own dtype"
             )
-        for key, tensor in self.weights.items():
-            check_shape(sender, f"weights.{key}", tensor, tuple(reference[key].shape))
-            if tensor.is_floating_point() != reference[key].is_floating_point():
-                raise TrainingError(
-                    f"{sender} sent 'weights.{key}' as {tensor.dtype} where the global model holds "
-                    f"{reference[key].dtype}; send weights in their own dtype"
-                )
 
 
 @dataclass(frozen=True)
