@@ -203,6 +203,7 @@ def run_configuration(name: str, args: argparse.Namespace) -> dict:
                 fits.append(record["time/fit_s"])
                 evals.append(record["time/eval_s"])
         worker_rss = [peak_rss_gb(pid) for pid in ray_worker_pids()] if name == "ray" else []
+        traffic = {key: getattr(loop.executor, key, None) for key in ("states_sent", "states_kept")}
     finally:
         loop.executor.shutdown()
     steps = sum(len(loop.scenario.train_loader(c, 0)) for c in range(loop.scenario.num_clients))
@@ -219,6 +220,7 @@ def run_configuration(name: str, args: argparse.Namespace) -> dict:
         "worker_peak_rss_gb": [round(x, 3) for x in worker_rss],
         "acc_local": loop.history[-1].get("acc_local"),
         "weights": weights_digest(loop),
+        **traffic,
     }
 
 
@@ -274,6 +276,12 @@ def main() -> None:
             f"| {result['startup_s']:.1f} |"
         )
     steps = next(iter(results.values()))["steps_per_round"]
+    if "ray" in results and results["ray"].get("states_kept") is not None:
+        ray_result = results["ray"]
+        print(
+            f"\nray: {ray_result['states_kept']} client tasks used the state kept on their worker, "
+            f"{ray_result['states_sent']} carried it (all {args.rounds + 1} rounds, fits and evaluations)"
+        )
     print(f"\n{steps} local steps per round; {load()}")
     single = [name for name in results if name in ("seq1", "ray")]
     if len(single) == 2:
