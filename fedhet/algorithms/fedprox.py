@@ -54,8 +54,11 @@ class FedProxClient(FedAvgClient):
 
     def on_receive(self, download: Payload | None) -> None:
         super().on_receive(download)
-        if isinstance(download, WeightsPayload):
-            self.reference = [p.detach().clone() for p in self.model.parameters()]
+        # the live module serves every client of its architecture: a client that received no global
+        # weights has no proximal anchor (never the previous client's)
+        self.reference = (
+            [p.detach().clone() for p in self.model.parameters()] if isinstance(download, WeightsPayload) else []
+        )
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch

@@ -69,3 +69,14 @@ def test_fedprox_with_mu_zero_equals_fedavg_exactly(fedavg_run):
 def test_fedprox_server_is_fedavgs_example_weighted_average():
     """FedProx aggregates exactly as FedAvg (the server is FedAvg's, tested by hand in test_fedavg.py)."""
     assert type(FedProx().build_server()) is FedAvgServer
+
+
+def test_a_client_without_a_download_drops_the_previous_clients_anchor():
+    """The live module is shared by every client of an architecture: no download, no proximal term.
+
+    After one client received weights and moved (loss CE + 1.25), a client that receives nothing
+    trains on plain cross-entropy, 0.126928, not on a distance to the previous client's anchor.
+    """
+    client = _moved_client(mu=0.5)
+    client.on_receive(None)
+    assert client.local_loss((X, Y)).item() == pytest.approx(0.126928, abs=1e-6)
