@@ -56,6 +56,7 @@ def budget_flags(rounds: int | None, max_epochs: int | None) -> tuple[str, ...]:
 
 
 def budget_name(rounds: int | None, max_epochs: int | None) -> str:
+    """How the budget is written on the page."""
     return f"rounds={rounds or 'config'}, max_epochs={max_epochs or 'config'}"
 
 
@@ -104,7 +105,8 @@ def write_page(results: dict[str, Any]) -> None:
             diverged = ", ".join(f"{e['seed']}: {e.get('round')}" for e in group if e["status"] == "diverged") or "-"
             failed = ", ".join(str(e["seed"]) for e in group if e["status"] == "failed") or "-"
             lines.append(f"| {config} | {budget} | {seeds} | {ok} of {len(group)} | {diverged} | {failed} |")
-    lines += ["", "## Runs", "", "| config | seed | budget | status | final metrics or message | date |", "|---|---|---|---|---|---|"]
+    lines += ["", "## Runs", "", "| config | seed | budget | status | final metrics or message | date |"]
+    lines.append("|---|---|---|---|---|---|")
     for key in sorted(runs):
         entry = runs[key]
         detail = (
@@ -112,9 +114,8 @@ def write_page(results: dict[str, Any]) -> None:
             if entry["status"] == "ok"
             else entry.get("message", "")
         )
-        lines.append(
-            f"| {entry['config']} | {entry['seed']} | {entry['budget']} | {entry['status']} | {detail} | {entry['date']} |"
-        )
+        cells = (entry["config"], entry["seed"], entry["budget"], entry["status"], detail, entry["date"])
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     notes = results.get("notes", [])
     if notes:
         lines += ["", "## Notes", "", *notes]
@@ -122,6 +123,7 @@ def write_page(results: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    """Run the selected configs at the seeds, then rewrite the page from every recorded run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--only", nargs="*", default=[], help="keep configs whose folder/name contains one of these")
