@@ -31,7 +31,9 @@ FEDPROX_PAPER = (
 ALLOWED: dict[str, dict[str, dict[str, str]]] = {
     "digits_dir": {
         "scaffold.yaml": {
-            "client_optimizer.momentum": "SCAFFOLD option II's c_i = (x - y) / (K lr) assumes plain SGD steps; it refuses momentum",
+            "client_optimizer.momentum": (
+                "SCAFFOLD option II's c_i = (x - y) / (K lr) assumes plain SGD steps; it refuses momentum"
+            ),
         },
     },
     "mnist_vtc": {

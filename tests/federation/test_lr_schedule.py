@@ -16,12 +16,13 @@ import torch
 
 from fedhet.algorithms import ALGORITHMS, list_algorithms
 from fedhet.errors import ConfigError
-from fedhet.federation import LRSchedule
+from fedhet.federation import FederationLoop, LRSchedule
 from fedhet.federation.lr_schedule import RoundLRScale
 from fedhet.federation.runtime import FEDERATION, ClientRuntime
-from fedhet.functional import linear_round_decay
 from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate, silence_lightning
+from fedhet.functional import linear_round_decay
 from tests.algorithms.helpers import FAST, TinyLinear, one_batch_loader, tiny_loop
+from tests.conftest import tiny_label_skew
 
 ROUNDS = 3
 
@@ -37,7 +38,7 @@ def test_linear_factor_is_the_authors_lagged_decay():
 
 
 def test_scale_reads_the_configured_rate_not_a_restored_one():
-    """A carried optimizer state saved at a scaled rate does not compound: the base is what configure_optimizers built."""
+    """A carried state saved at a scaled rate does not compound: the base is what configure_optimizers built."""
     from fedhet.algorithms.base import ClientModule
 
     silence_lightning()
@@ -110,3 +111,53 @@ def test_every_method_follows_the_platform_schedule(name, monkeypatch):
     assert any(s[0] == FEDERATION and s[1] == ROUNDS - 1 for s in scheduled), f"{name}: no step in the last round"
     if ALGORITHMS[name](**FAST.get(name, {})).collaborative_epochs() > 0:
         assert "public" in parts, f"{name}: its public-data phase took no step"
+
+
+class _StopAfter:
+    """A kill right after round ``n`` was checkpointed."""
+
+    def __init__(self, n: int, sink: list) -> None:
+        self.n, self.sink = n, sink
+
+    def on_round_end(self, loop, record) -> None:
+        self.sink.append(loop.checkpoint_state())
+        if record["round"] + 1 == self.n:
+            raise KeyboardInterrupt
+
+    def on_run_end(self, loop, summary) -> None:
+        pass
+
+
+def _local_run(schedule: LRSchedule, callbacks=()) -> FederationLoop:
+    from fedhet.algorithms.local import Local
+
+    scenario = tiny_label_skew()
+    scenario.setup()
+    return FederationLoop(
+        Local(lr=0.05, momentum=0.9),
+        scenario,
+        ["cnn_tiny", "mlp_tiny", "cnn_tiny"],
+        TrainerTemplate(max_epochs=1, accelerator="cpu"),
+        rounds=4,
+        callbacks=callbacks,
+        lr_schedule=schedule,
+    )
+
+
+def test_resume_under_the_schedule_equals_the_uninterrupted_run():
+    """The factor depends on the round only, so a run killed after round 2 of 4 resumes to the same numbers.
+
+    SGD with momentum carried across rounds: the carried state holds round 1's scaled rate, which
+    must not leak into round 2 (the base is what configure_optimizers builds).
+    """
+    full = _local_run(LRSchedule("linear")).run()
+    checkpoints: list = []
+    interrupted = _local_run(LRSchedule("linear"), [_StopAfter(2, checkpoints)])
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.run()
+    resumed = _local_run(LRSchedule("linear"))
+    resumed.load_checkpoint_state(checkpoints[-1])
+    assert resumed.next_round == 2
+    summary = resumed.run()
+    assert summary["final"] == full["final"] and summary["best"] == full["best"]
+    assert _local_run(LRSchedule("none")).run()["final"] != full["final"]  # the schedule did change the training
