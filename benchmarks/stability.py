@@ -8,8 +8,10 @@ A budget flag shrinks the local work (``--max-epochs``, ``--rounds``) while keep
 where divergences were seen (FD diverged in round 19 of 20 on ``digits_dir`` at seed 11), so the
 default keeps each config's own rounds.
 
-``--only`` keeps the configs whose ``folder/name`` contains one of the given strings (``--only
-fd`` runs the three FD configs). Results accumulate across invocations in
+``--extra=--key=value`` (repeatable) runs a variant, recorded with its flags
+(``--extra=--method.init_args.distillation=mse`` reruns FD's HtFLlib form). ``--only`` keeps the
+configs whose ``folder/name`` contains one of the given strings (``--only fd`` runs the three FD
+configs). Results accumulate across invocations in
 ``docs/results/stability.json`` (a later run of other configs adds rows, a rerun of the same
 config, seed and budget replaces its row); the page ``docs/results/stability.md`` lists every
 shipped config, run or not, so what was not run is visible.
@@ -45,19 +47,20 @@ def shipped_configs(folders: tuple[str, ...] = FOLDERS) -> list[str]:
     )
 
 
-def budget_flags(rounds: int | None, max_epochs: int | None) -> tuple[str, ...]:
-    """The ``fedhet fit`` flags of the budget (none: each config's own)."""
+def budget_flags(rounds: int | None, max_epochs: int | None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The ``fedhet fit`` flags of the budget (none: each config's own), then any extra flags."""
     flags: list[str] = []
     if rounds is not None:
         flags += ["--rounds", str(rounds)]
     if max_epochs is not None:
         flags += [f"--trainer.max_epochs={max_epochs}"]
-    return tuple(flags)
+    return (*flags, *extra)
 
 
-def budget_name(rounds: int | None, max_epochs: int | None) -> str:
-    """How the budget is written on the page."""
-    return f"rounds={rounds or 'config'}, max_epochs={max_epochs or 'config'}"
+def budget_name(rounds: int | None, max_epochs: int | None, extra: tuple[str, ...] = ()) -> str:
+    """How the budget (and any extra flags) is written on the page."""
+    name = f"rounds={rounds or 'config'}, max_epochs={max_epochs or 'config'}"
+    return name + "".join(f", `{flag}`" for flag in extra)
 
 
 def outcome(run: Run, root: Path) -> dict[str, Any]:
@@ -130,15 +133,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="override every config's rounds (default: its own)")
     parser.add_argument("--max-epochs", type=int, default=None, help="override the local epochs per round")
     parser.add_argument("--jobs", type=int, default=1, help="single-threaded runs at once")
+    parser.add_argument(
+        "--extra", action="append", default=[], help="one more fedhet fit flag, as --extra=--key=value (repeatable)"
+    )
+    parser.add_argument("--note", default=None, help="a line added to the page's notes")
     parser.add_argument("--root", type=Path, default=REPO / "runs" / "stability")
     args = parser.parse_args()
 
     configs = [c for c in shipped_configs() if not args.only or any(s in c for s in args.only)]
     if not configs:
         raise SystemExit(f"no shipped config matches --only {args.only}")
-    flags = budget_flags(args.rounds, args.max_epochs)
-    budget = budget_name(args.rounds, args.max_epochs)
-    suffix = "" if not flags else "_" + "_".join(f.strip("-").replace("=", "").replace(".", "") for f in flags)
+    flags = budget_flags(args.rounds, args.max_epochs, tuple(args.extra))
+    budget = budget_name(args.rounds, args.max_epochs, tuple(args.extra))
+    suffix = "" if not flags else "_" + "_".join(re.sub(r"[^A-Za-z0-9]+", "", f) for f in flags)
     runs = [
         Run(f"{config}{suffix}", f"configs/experiments/{config}.yaml", seed, flags)
         for config in configs
@@ -154,6 +161,8 @@ def main() -> None:
         entry = {"config": config, "seed": run.seed, "budget": budget, "date": today, **outcome(run, args.root)}
         results["runs"][f"{config}|{budget}|{run.seed}"] = entry
         print(f"{config} seed {run.seed}: {entry['status']}")
+    if args.note and args.note not in results.setdefault("notes", []):
+        results["notes"].append(args.note)
     write_page(results)
 
 
