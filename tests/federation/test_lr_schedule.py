@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from fedhet.algorithms import ALGORITHMS, list_algorithms
 from fedhet.errors import ConfigError
@@ -86,7 +87,7 @@ def _recorded_run(name: str, schedule: LRSchedule, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(ClientRuntime, "_train_local", recorded_train_local)
     monkeypatch.setattr(ClientRuntime, "_collaborate", recorded_collaborate)
-    handle = torch.optim.optimizer.register_optimizer_step_pre_hook(recorder.hook)
+    handle = register_optimizer_step_pre_hook(recorder.hook)
     try:
         tiny_loop(name, rounds=ROUNDS, lr_schedule=schedule).run()
     finally:
