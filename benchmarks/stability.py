@@ -129,7 +129,9 @@ def write_page(results: dict[str, Any]) -> None:
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     notes = results.get("notes", [])
     if notes:
-        lines += ["", "## Notes", "", *notes]
+        lines += ["", "## Notes"]
+        for note in notes:
+            lines += ["", note]
     write_atomic(RESULTS / "stability.md", "\n".join(lines) + "\n")
 
 
