@@ -43,6 +43,7 @@ from fedhet.hparams import RANGES, Fraction, NonNegativeInt, PositiveInt
 if TYPE_CHECKING:  # jsonargparse resolves these annotations without importing torch up front
     from fedhet.federation import FederationLoop
     from fedhet.federation.executors import Executor
+    from fedhet.federation.lr_schedule import LRSchedule
     from fedhet.federation.privacy import PayloadNoise
     from fedhet.federation.state import ClientStateStore
 
@@ -75,6 +76,10 @@ class FederationSettings:
             median, naming the client (``null``: no bound).
         persist_optimizer_state: carry each client's optimizer state (momentum, Adam moments)
             across rounds; off restarts the optimizer every round as HtFLlib does.
+        lr_schedule: per-round factor on every client learning rate (local stages and the
+            public-data phase) of every method alike: ``{kind: none}`` (constant, the default) or
+            ``{kind: linear, final_fraction: 0.1}`` (the FCCL+ authors' shared loop); federated
+            rounds only (``docs/concepts.md``).
         upload_noise: FedPCL-style Gaussian perturbation of every upload (privacy studies,
             FedKTL Tab. 10 "NC"); ``null``: none.
         download_noise: the same for every download ("NG"); ``null``: none.
@@ -98,6 +103,7 @@ class FederationSettings:
         upload_noise: PayloadNoise | None = None,
         download_noise: PayloadNoise | None = None,
         target_accuracy: dict[str, float | list[float]] | None = None,
+        lr_schedule: LRSchedule | None = None,
     ) -> None:
         self.participation = participation
         self.eval_every = eval_every
@@ -112,6 +118,7 @@ class FederationSettings:
         self.upload_noise = upload_noise
         self.download_noise = download_noise
         self.target_accuracy = target_accuracy
+        self.lr_schedule = lr_schedule
 
 
 # ------------------------------------------------------------------------------ parsing
@@ -555,6 +562,7 @@ class Experiment:
                 persist_optimizer_state=federation.persist_optimizer_state,
                 feature_dim=self.config.feature_dim,
                 config_yaml=config_yaml,
+                lr_schedule=federation.lr_schedule,
             )
         return FederationLoop(
             algorithm=self.method,
@@ -577,6 +585,7 @@ class Experiment:
             upload_noise=federation.upload_noise,
             download_noise=federation.download_noise,
             target_accuracy=federation.target_accuracy,
+            lr_schedule=federation.lr_schedule,
             feature_dim=self.config.feature_dim,
             family_name=self.family_name,
         )

@@ -117,6 +117,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, capsys):
         (["--method=fedhet.algorithms.NoSuchMethod"], "NoSuchMethod"),  # unknown method
         (["--models=[resnet_huge]"], "resnet_huge"),  # unknown model
         (["--method=fedhet.algorithms.FedAvg"], "one architecture"),  # incompatible pair
+        (["--federation.lr_schedule.kind=cosine"], "lr_schedule"),  # unknown schedule
+        (["--federation.lr_schedule.final_fraction=1.5"], "final_fraction"),  # out of range
     ],
 )
 def test_bad_input_is_one_clear_line(extra, pattern, run_dir, capsys):

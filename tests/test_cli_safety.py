@@ -20,7 +20,7 @@ from fedhet.tracking.wandb_logger import wandb_credentials_available
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-SGD_CONFIG = str(ROOT / "configs/experiments/digits/fedproto.yaml")  # optimizer: sgd
+SGD_CONFIG = str(ROOT / "configs/experiments/digits/fedproto.yaml")  # (any optimizer)
 ADAM_CONFIG = str(ROOT / "configs/experiments/digits/fccl_plus.yaml")  # optimizer: adam
 DIR_CONFIG = str(ROOT / "configs/experiments/digits_dir/fd.yaml")
 

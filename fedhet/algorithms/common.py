@@ -47,7 +47,6 @@ from fedhet.errors import ConfigError
 from fedhet.functional import (
     aggregate_class_means,
     class_means,
-    linear_round_decay,
     prototype_examples,
     weighted_average,
 )
@@ -654,17 +653,18 @@ class PreviousModelClient(ClientModule):
 
     Shared by FCCL+ (FNTD teacher) and FCCL (previous-round KD teacher). The snapshot starts as
     the initial model and is retaken at the end of every local update (``theta^{e-1}`` in round
-    ``e``), or at its start for Fig. 9's ``theta^e`` ablation. The local learning rate follows
-    the authors' per-round linear decay when ``lr_decay`` is on.
+    ``e``), or at its start for Fig. 9's ``theta^e`` ablation. The authors' per-round linear
+    learning-rate decay is the platform's ``federation.lr_schedule`` (every method alike), not
+    the client's.
 
     Args:
         model: the backbone.
         num_classes: number of classes.
         teacher: ``"previous_round"`` (paper) or ``"post_collaboration"`` (Fig. 9 ablation).
-        teacher_train_mode: run the teacher in train mode as the authors' code does.
-        lr_decay: linear per-round decay of the local learning rate (code).
+        teacher_train_mode: run the teacher in train mode (BatchNorm on batch statistics), as the
+            authors' code does; ``False`` runs it in eval mode.
         optimizer: local optimizer.
-        lr: local learning rate before decay.
+        lr: local learning rate (before the platform's schedule).
         momentum: SGD momentum.
         weight_decay: L2 weight decay.
     """
@@ -674,8 +674,7 @@ class PreviousModelClient(ClientModule):
         model: nn.Module,
         num_classes: int,
         teacher: TeacherChoice = "previous_round",
-        teacher_train_mode: bool = False,
-        lr_decay: bool = True,
+        teacher_train_mode: bool = True,
         optimizer: OptimizerName = "adam",
         lr: float = 1e-3,
         momentum: float = 0.0,
@@ -684,16 +683,11 @@ class PreviousModelClient(ClientModule):
         super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
         self.teacher_choice: TeacherChoice = teacher
         self.teacher_train_mode = teacher_train_mode
-        self.lr_decay = lr_decay
         self.previous_model = copy.deepcopy(model).requires_grad_(False)
 
     def ready_to_collaborate(self) -> bool:
         """Whether this client takes part in the collaborative phase (FCCL waits for pretraining)."""
         return True
-
-    def scheduled_lr(self) -> float:
-        """The local learning rate of this round."""
-        return self.lr * linear_round_decay(self.round_idx, self.total_rounds) if self.lr_decay else self.lr
 
     def snapshot_teacher(self) -> None:
         """Copy the live model (weights and buffers) into the frozen teacher."""
@@ -706,13 +700,9 @@ class PreviousModelClient(ClientModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        return build_optimizer(trainable, self.optimizer_name, self.scheduled_lr(), self.momentum, self.weight_decay)
+        return build_optimizer(trainable, self.optimizer_name, self.lr, self.momentum, self.weight_decay)
 
     def on_train_start(self) -> None:
-        # A carried optimizer state restores the lr it was saved with; the schedule wins.
-        for optimizer in self.trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = self.scheduled_lr()
         if self.teacher_choice == "post_collaboration":
             self.snapshot_teacher()
 

@@ -12,7 +12,8 @@ Download: per public batch, ``Zbar``.
 Server phase: none persistent.
 Collaborative phase: FCCL+'s (:class:`~fedhet.algorithms.fccl_plus.CrossCorrelationCollaboration`)
 with FCCM only: one step per public batch on ``FCCM(Z_i, Zbar)``, Adam 1e-3 created anew per
-step (code), linear per-round lr decay (code).
+step (code). The code's linear per-round lr decay is the platform's ``federation.lr_schedule``
+(it sits in the authors' shared loop and applies to every method).
 Local objective: ``CE + KL(p_prev || p) + KL(p_pre || p)`` at temperature 1 with unit weights
 (FCCL+ Eq. 19), ``prev`` the client's model at the end of the previous round's local update
 and ``pre`` a frozen model pre-trained on the client's private data.
@@ -28,8 +29,8 @@ Deviations from paper/official code:
   conference code's "progressive" target (own previous-round logits in place of own current
   logits) is not offered.
 - no weight decay in pretraining (the spec lists Adam 1e-3 and the cosine schedule only).
-- the teachers run in eval mode by default (the code: train mode, ``teacher_train_mode=True``);
-  one forward per client in collaboration; ``1e-5`` added to FCCM's std (``std_eps=0``: code).
+- one forward per client in collaboration; ``1e-5`` added to FCCM's std (``std_eps=0``: code).
+  The teachers run in train mode as in the code (``teacher_train_mode=False``: eval mode).
 - FCCL's homogeneous variant (FedAvg after local updating) is not implemented.
 """
 
@@ -72,10 +73,9 @@ class FCCLClient(PreviousModelClient):
         pretrain_epochs: epochs of local pretraining before the first local update.
         pretrain_lr: initial Adam learning rate of pretraining (cosine-annealed per epoch).
         pretrain_min_lr: final learning rate of the cosine schedule.
-        teacher_train_mode: run the teachers in train mode as the authors' code does.
-        lr_decay: linear per-round decay of the local learning rate (code).
+        teacher_train_mode: run the teachers in train mode as the authors' code does (``False``: eval).
         optimizer: local optimizer.
-        lr: local learning rate before decay.
+        lr: local learning rate (before the platform's schedule).
         momentum: SGD momentum.
         weight_decay: L2 weight decay.
     """
@@ -87,15 +87,14 @@ class FCCLClient(PreviousModelClient):
         pretrain_epochs: int = 50,
         pretrain_lr: float = 1e-3,
         pretrain_min_lr: float = 1e-6,
-        teacher_train_mode: bool = False,
-        lr_decay: bool = True,
+        teacher_train_mode: bool = True,
         optimizer: OptimizerName = "adam",
         lr: float = 1e-3,
         momentum: float = 0.0,
         weight_decay: float = 1e-5,
     ) -> None:
         super().__init__(
-            model, num_classes, "previous_round", teacher_train_mode, lr_decay, optimizer, lr, momentum, weight_decay
+            model, num_classes, "previous_round", teacher_train_mode, optimizer, lr, momentum, weight_decay
         )
         self.pretrain_epochs = pretrain_epochs
         self.pretrain_lr = pretrain_lr
@@ -169,11 +168,10 @@ class FCCL(Algorithm):
         pretrain_epochs: local pretraining epochs of every client before the federation (50 in the code).
         pretrain_lr: initial Adam learning rate of pretraining (1e-3).
         pretrain_min_lr: final learning rate of pretraining's cosine schedule (1e-6).
-        teacher_train_mode: run the local teachers in train mode (authors' code) instead of eval.
-        public_lr: learning rate of the collaborative Adam (1e-3).
+        teacher_train_mode: run the local teachers in train mode (authors' code; ``False``: eval).
+        public_lr: learning rate of the collaborative Adam (1e-3; ``federation.lr_schedule`` scales it).
         public_epochs: passes over the public set per round.
         collaborative_optimizer: ``"fresh_each_step"`` (code) or ``"per_round"``.
-        lr_decay: both learning rates decay as ``lr0 * (1 - 0.9 * max(e-1, 0) / E)`` (code).
         std_eps: added to the per-dimension std of FCCM (0: exactly the code).
         optimizer: local optimizer (Adam in the code).
         lr: local learning rate (1e-3).
@@ -194,11 +192,10 @@ class FCCL(Algorithm):
         pretrain_epochs: NonNegativeInt = 50,
         pretrain_lr: PositiveFloat = 1e-3,
         pretrain_min_lr: NonNegativeFloat = 1e-6,
-        teacher_train_mode: bool = False,
+        teacher_train_mode: bool = True,
         public_lr: PositiveFloat = 1e-3,
         public_epochs: NonNegativeInt = 1,
         collaborative_optimizer: CollaborativeOptimizer = "fresh_each_step",
-        lr_decay: bool = True,
         std_eps: NonNegativeFloat = 1e-5,
         optimizer: OptimizerName = "adam",
         lr: PositiveFloat = 1e-3,
@@ -217,7 +214,6 @@ class FCCL(Algorithm):
         self.public_lr = public_lr
         self.public_epochs = public_epochs
         self.collaborative_optimizer: CollaborativeOptimizer = collaborative_optimizer
-        self.lr_decay = lr_decay
         self.std_eps = std_eps
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
@@ -228,7 +224,6 @@ class FCCL(Algorithm):
             pretrain_lr=self.pretrain_lr,
             pretrain_min_lr=self.pretrain_min_lr,
             teacher_train_mode=self.teacher_train_mode,
-            lr_decay=self.lr_decay,
             **self.optimizer_kwargs(),
         )
 
@@ -241,7 +236,6 @@ class FCCL(Algorithm):
             similarity_temperature=self.similarity_temperature,
             public_lr=self.public_lr,
             collaborative_optimizer=self.collaborative_optimizer,
-            lr_decay=self.lr_decay,
             std_eps=self.std_eps,
         )
 

@@ -21,21 +21,24 @@ teacher being the client's own model at the end of the previous round's local up
 Client state kept across rounds: the model and the frozen teacher snapshot ``theta^{e-1}``
 (initialised to the random initial model; overwritten at the end of each local update). No
 optimizer state: configs set ``federation.persist_optimizer_state: false`` (code: a new local
-Adam every round).
+Adam every round). With ``average_after_collaboration`` (homogeneous setting) every client starts
+from one initial model (:attr:`Algorithm.identical_client_init`), as the authors synchronise
+their homogeneous clients.
 
 Optimizer defaults follow the authors' code, since it produced the published numbers and the
 paper does not contradict it (it only gives Adam, lr 1e-3): the collaborative Adam is created
 anew for every public batch (``collaborative_optimizer="fresh_each_step"``; its first step is a
-sign-SGD-like step of size lr), the local Adam (weight decay 1e-5) anew every round, and both
-learning rates decay linearly per round, ``lr0 * (1 - 0.9 * max(e-1, 0) / E)``. The paper-only
-reading (one Adam per round in collaboration, constant lr) is
-``collaborative_optimizer="per_round", lr_decay=False``.
+sign-SGD-like step of size lr), the local Adam (weight decay 1e-5) anew every round, and the
+FNTD teacher runs in train mode. The code's linear per-round decay of both learning rates,
+``lr0 * (1 - 0.9 * max(e-1, 0) / E)``, sits in the authors' shared training loop and applies to
+every method, so here it is the platform's ``federation.lr_schedule: {kind: linear}`` (set by the
+shipped configs for every method of a comparison), not an FCCL+ argument. The paper-only reading
+(one Adam per round in collaboration, constant lr) is ``collaborative_optimizer="per_round"``
+with ``federation.lr_schedule: {kind: none}``.
 
 Deviations from paper/official code:
 - one forward per client returns ``(H, Z = head(H))``; the code runs the network twice (logits,
   then features), updating BatchNorm statistics twice per batch.
-- the FNTD teacher runs in eval mode by default (the code leaves it in train mode:
-  ``teacher_train_mode=True``).
 - ``1e-5`` is added to the per-dimension std of FCCM (the code has no guard; ``std_eps=0``
   restores it); public batches of fewer than 2 images are skipped (no std, no similarity).
 - the FNTD probabilities are not renormalised over the non-target classes, as in Eq. 13 and the
@@ -74,7 +77,6 @@ from fedhet.functional import (
     fntd_loss,
     instance_similarity,
     kd_loss,
-    linear_round_decay,
     weighted_average,
 )
 from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
@@ -114,10 +116,9 @@ class FCCLPlusClient(PreviousModelClient):
         temperature: tau of FNTD / KD.
         fntd_renormalize: softmax over the non-target classes only.
         teacher: ``"previous_round"`` (paper) or ``"post_collaboration"`` (Fig. 9 ablation).
-        teacher_train_mode: run the teacher in train mode as the authors' code does.
-        lr_decay: linear per-round decay of the local learning rate (code).
+        teacher_train_mode: run the teacher in train mode as the authors' code does (``False``: eval).
         optimizer: local optimizer.
-        lr: local learning rate before decay.
+        lr: local learning rate (before the platform's schedule).
         momentum: SGD momentum.
         weight_decay: L2 weight decay.
     """
@@ -130,16 +131,13 @@ class FCCLPlusClient(PreviousModelClient):
         temperature: float = 3.0,
         fntd_renormalize: bool = False,
         teacher: TeacherChoice = "previous_round",
-        teacher_train_mode: bool = False,
-        lr_decay: bool = True,
+        teacher_train_mode: bool = True,
         optimizer: OptimizerName = "adam",
         lr: float = 1e-3,
         momentum: float = 0.0,
         weight_decay: float = 1e-5,
     ) -> None:
-        super().__init__(
-            model, num_classes, teacher, teacher_train_mode, lr_decay, optimizer, lr, momentum, weight_decay
-        )
+        super().__init__(model, num_classes, teacher, teacher_train_mode, optimizer, lr, momentum, weight_decay)
         self.local_distillation: LocalDistillation = local_distillation
         self.temperature = temperature
         self.fntd_renormalize = fntd_renormalize
@@ -168,9 +166,8 @@ class CrossCorrelationCollaboration(CollaborativePhase):
         off_diag_target: FCCM off-diagonal target (-1 paper/code, 0 Barlow Twins).
         fisl_weight: omega; 0 turns FISL off (no similarity computed or exchanged).
         similarity_temperature: mu of the instance similarity.
-        public_lr: Adam learning rate of this phase before the per-round decay.
+        public_lr: Adam learning rate of this phase (before the platform's ``lr_schedule``).
         collaborative_optimizer: ``"fresh_each_step"`` (code) or ``"per_round"``.
-        lr_decay: linear per-round decay of ``public_lr`` (code).
         average_after_collaboration: FedAvg all parameters and buffers at the end (homogeneous).
         std_eps: added to the per-dimension std in FCCM.
     """
@@ -184,7 +181,6 @@ class CrossCorrelationCollaboration(CollaborativePhase):
         similarity_temperature: float = 0.02,
         public_lr: float = 1e-3,
         collaborative_optimizer: CollaborativeOptimizer = "fresh_each_step",
-        lr_decay: bool = True,
         average_after_collaboration: bool = False,
         std_eps: float = 1e-5,
     ) -> None:
@@ -195,17 +191,11 @@ class CrossCorrelationCollaboration(CollaborativePhase):
         self.similarity_temperature = similarity_temperature
         self.public_lr = public_lr
         self.collaborative_optimizer: CollaborativeOptimizer = collaborative_optimizer
-        self.lr_decay = lr_decay
         self.average_after_collaboration = average_after_collaboration
         self.std_eps = std_eps
 
-    def scheduled_lr(self) -> float:
-        """The public learning rate of this round."""
-        decay = linear_round_decay(self.round_idx, self.total_rounds) if self.lr_decay else 1.0
-        return self.public_lr * decay
-
     def client_optimizer(self, client: ClientModule) -> torch.optim.Optimizer:
-        return build_optimizer(client.model.parameters(), "adam", self.scheduled_lr(), 0.0, 0.0)
+        return build_optimizer(client.model.parameters(), "adam", self.public_lr, 0.0, 0.0)
 
     def ready(self) -> list[int]:
         """Indices of the participants taking part in this phase."""
@@ -293,14 +283,14 @@ class FCCLPlus(Algorithm):
         temperature: tau of FNTD / KD (3 on Digits/Office31, 1 on Office Caltech/Office-Home).
         fntd_renormalize: softmax over non-target classes only (zero target gradient; not the code).
         teacher: ``"previous_round"`` (theta^{e-1}, paper) or ``"post_collaboration"`` (Fig. 9).
-        teacher_train_mode: run the local teacher in train mode (authors' code) instead of eval.
-        public_lr: learning rate of the collaborative Adam (1e-3).
+        teacher_train_mode: run the local teacher in train mode (authors' code; ``False``: eval).
+        public_lr: learning rate of the collaborative Adam (1e-3; ``federation.lr_schedule`` scales it).
         public_epochs: passes over the public set per round (1; 2 on Office-Home).
         collaborative_optimizer: ``"fresh_each_step"`` (code: new Adam per public batch) or
             ``"per_round"`` (one Adam per round).
-        lr_decay: both learning rates decay as ``lr0 * (1 - 0.9 * max(e-1, 0) / E)`` (code).
         average_after_collaboration: FedAvg all parameters and BatchNorm buffers after the
-            collaborative phase (the paper's homogeneous setting; needs one architecture).
+            collaborative phase (the paper's homogeneous setting; needs one architecture, and
+            every client then starts from one initial model, as the authors synchronise them).
         std_eps: added to the per-dimension std of FCCM (0: exactly the code).
         optimizer: local optimizer (Adam in the code).
         lr: local learning rate (1e-3).
@@ -323,11 +313,10 @@ class FCCLPlus(Algorithm):
         temperature: PositiveFloat = 3.0,
         fntd_renormalize: bool = False,
         teacher: TeacherChoice = "previous_round",
-        teacher_train_mode: bool = False,
+        teacher_train_mode: bool = True,
         public_lr: PositiveFloat = 1e-3,
         public_epochs: NonNegativeInt = 1,
         collaborative_optimizer: CollaborativeOptimizer = "fresh_each_step",
-        lr_decay: bool = True,
         average_after_collaboration: bool = False,
         std_eps: NonNegativeFloat = 1e-5,
         optimizer: OptimizerName = "adam",
@@ -349,11 +338,12 @@ class FCCLPlus(Algorithm):
         self.public_lr = public_lr
         self.public_epochs = public_epochs
         self.collaborative_optimizer: CollaborativeOptimizer = collaborative_optimizer
-        self.lr_decay = lr_decay
         self.average_after_collaboration = average_after_collaboration
         self.std_eps = std_eps
         if average_after_collaboration:  # whole-model averaging: refuse mixed architectures at start-up
             self.capabilities = dataclasses.replace(type(self).capabilities, heterogeneous_models=False)
+            # homogeneous setting: the authors start every client from one initial model
+            self.identical_client_init = True  # type: ignore[misc]
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         return FCCLPlusClient(
@@ -364,7 +354,6 @@ class FCCLPlus(Algorithm):
             fntd_renormalize=self.fntd_renormalize,
             teacher=self.teacher,
             teacher_train_mode=self.teacher_train_mode,
-            lr_decay=self.lr_decay,
             **self.optimizer_kwargs(),
         )
 
@@ -377,7 +366,6 @@ class FCCLPlus(Algorithm):
             similarity_temperature=self.similarity_temperature,
             public_lr=self.public_lr,
             collaborative_optimizer=self.collaborative_optimizer,
-            lr_decay=self.lr_decay,
             average_after_collaboration=self.average_after_collaboration,
             std_eps=self.std_eps,
         )

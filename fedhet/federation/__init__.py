@@ -8,6 +8,7 @@ from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.federation.executors import EXECUTORS, Executor, ProcessExecutor, SequentialExecutor
 from fedhet.federation.ledger import CommunicationLedger
 from fedhet.federation.loop import FederationLoop, check_compatibility
+from fedhet.federation.lr_schedule import LRSchedule
 from fedhet.federation.ray_executor import RayExecutor  # imports Ray only when one is built
 from fedhet.federation.runtime import ClientResult, ClientRuntime, ClientTask, RuntimeRecipe
 from fedhet.federation.state import ClientStateStore, DiskStateStore, MemoryStateStore
@@ -24,6 +25,7 @@ __all__ = [
     "DiskStateStore",
     "Executor",
     "FederationLoop",
+    "LRSchedule",
     "MemoryStateStore",
     "Payload",
     "ProcessExecutor",

@@ -31,6 +31,7 @@ from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation.executors import Executor, SequentialExecutor
 from fedhet.federation.ledger import CommunicationLedger
+from fedhet.federation.lr_schedule import LRSchedule
 from fedhet.federation.privacy import PayloadNoise
 from fedhet.federation.runtime import FEDERATION, ClientRuntime, ClientTask, RuntimeRecipe
 from fedhet.federation.sampling import clients_per_round, sample_clients
@@ -144,6 +145,8 @@ class FederationLoop:
         recipe: how a worker rebuilds this run's client runtime (built from the objects when ``None``).
         on_invalid_upload: ``"fail"`` (stop with one line naming the sender) or ``"drop"`` (the
             round goes on without it; dropped uploads are counted in ``comm/dropped_uploads``).
+        lr_schedule: per-round factor on every client learning rate, local and public phase, for
+            every method alike (``None``: constant rates; :mod:`fedhet.federation.lr_schedule`).
         upload_norm_bound: refuse an upload whose update norm (upload minus the download the
             client received, or the upload itself when there is none) exceeds this multiple of
             the round's median, naming the sender, so a poisoned upload is caught where it
@@ -175,6 +178,7 @@ class FederationLoop:
         on_invalid_upload: Literal["fail", "drop"] = "fail",
         upload_norm_bound: float | None = None,
         target_accuracy: Mapping[str, float | Sequence[float]] | None = None,
+        lr_schedule: LRSchedule | None = None,
     ) -> None:
         if rounds < 1:
             raise ConfigError(f"rounds={rounds}: run at least one round")
@@ -231,8 +235,17 @@ class FederationLoop:
                 f"{algorithm.name} exchanges outputs batch by batch in a lock-step phase, which the upload/"
                 "download noise of privacy studies does not cover; drop federation.upload_noise/download_noise"
             )
+        self.lr_schedule = lr_schedule or LRSchedule()
         self.runtime = ClientRuntime(
-            algorithm, scenario, self.architectures, trainer, seed, persist_optimizer_state, feature_dim, rounds
+            algorithm,
+            scenario,
+            self.architectures,
+            trainer,
+            seed,
+            persist_optimizer_state,
+            feature_dim,
+            rounds,
+            self.lr_schedule,
         )
         if algorithm.capabilities.common_feature_dim:
             dims = {a: int(self.runtime.module(a).model.num_features) for a in sorted(set(self.architectures))}
@@ -250,6 +263,7 @@ class FederationLoop:
             algorithm=algorithm,
             scenario=scenario,
             trainer=trainer,
+            lr_schedule=self.lr_schedule,
         )
         self.executor.start(self.recipe, self.runtime)
         self.server = algorithm.build_server()

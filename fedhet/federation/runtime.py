@@ -31,6 +31,7 @@ from fedhet.algorithms.base import Algorithm, ClientModule, DataFormat, LocalSta
 from fedhet.core.payloads import Payload
 from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
+from fedhet.federation.lr_schedule import LRSchedule, RoundLRScale
 from fedhet.federation.state import ClientState
 from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate
 from fedhet.seeding import derive_seed, seeded
@@ -98,6 +99,7 @@ class RuntimeRecipe:
     algorithm: Algorithm | None = None
     scenario: Any = None
     trainer: TrainerTemplate | None = None
+    lr_schedule: LRSchedule | None = None
 
     def build(self) -> ClientRuntime:
         """The runtime this recipe describes (its scenario set up; modules built on first use)."""
@@ -118,6 +120,7 @@ class RuntimeRecipe:
             self.persist_optimizer_state,
             self.feature_dim,
             self.rounds,
+            self.lr_schedule,
         )
 
 
@@ -187,7 +190,9 @@ class ClientRuntime:
         feature_dim: when set, every backbone emits features of this common dimension
             (HtFLlib's ``-fd``; see :func:`fedhet.models.create_model`).
         rounds: the run's number of rounds, exposed to modules as ``total_rounds`` for schedules
-            that decay over rounds (FCCL+'s learning rate).
+            that decay over rounds, and the length of ``lr_schedule``.
+        lr_schedule: the per-round factor on every client learning rate, local and public phase
+            (``federation.lr_schedule``; ``None``: constant rates).
     """
 
     def __init__(
@@ -200,9 +205,11 @@ class ClientRuntime:
         persist_optimizer_state: bool = True,
         feature_dim: int | None = None,
         rounds: int = 1,
+        lr_schedule: LRSchedule | None = None,
     ) -> None:
         self.algorithm = algorithm
         self.rounds = rounds
+        self.lr_schedule = lr_schedule or LRSchedule()
         self.feature_dim = feature_dim
         self.scenario = scenario
         self.architectures = list(architectures)
@@ -285,6 +292,12 @@ class ClientRuntime:
         return state
 
     # ------------------------------------------------------------------ client steps
+    def lr_callbacks(self, task: ClientTask) -> list[Callback]:
+        """The learning-rate schedule of ``task``'s fits: empty for constant rates and outside the federated rounds."""
+        if self.lr_schedule.kind == "none" or task.phase != FEDERATION:
+            return []
+        return [RoundLRScale(self.lr_schedule.factor(task.round_idx, self.rounds))]
+
     def _stage_trainer(self, stage: LocalStage, callbacks: list[Callback]) -> pl.Trainer:
         if stage.epochs is None and stage.steps is None:
             return self.trainer.build(callbacks=callbacks)
@@ -304,7 +317,8 @@ class ClientRuntime:
             module.automatic_optimization = not stage.manual
             carrier = OptimizerStateCarrier(optimizers.get(stage.name))
             meter = LossMeter()
-            trainer = self._stage_trainer(stage, [carrier, meter])
+            # the schedule reads the configured rates before the carrier restores last round's state
+            trainer = self._stage_trainer(stage, [*self.lr_callbacks(task), carrier, meter])
             stage_seed = seed if index == 0 else derive_seed(seed, "stage", stage.name)
             with seeded(stage_seed, self.device):
                 loader = module.stage_dataloader(self.scenario.train_loader(task.client_id, stage_seed), stage_seed)
@@ -355,7 +369,10 @@ class ClientRuntime:
         phase.round_idx, phase.total_rounds = tasks[0].round_idx, self.rounds
         seed = derive_seed(self.seed, "collaborate", tasks[0].step)
         trainer = self.trainer.build(
-            max_epochs=self.algorithm.collaborative_epochs(), max_steps=-1, limit_train_batches=None
+            callbacks=self.lr_callbacks(tasks[0]),
+            max_epochs=self.algorithm.collaborative_epochs(),
+            max_steps=-1,
+            limit_train_batches=None,
         )
         with seeded(seed, self.device):
             trainer.fit(phase, train_dataloaders=self.scenario.public_loader(seed))

@@ -71,6 +71,22 @@ def kl_to_target(student_logits: Tensor, target_probs: Tensor) -> Tensor:
     return F.kl_div(F.log_softmax(student_logits, dim=1), target_probs.detach(), reduction="batchmean")
 
 
+def logit_cross_entropy(student_logits: Tensor, target_logits: Tensor) -> Tensor:
+    """``-sum_c softmax(target)_c log softmax(student)_c``, averaged over samples (FD's regulariser).
+
+    Jeong et al.'s federated distillation (2018, Alg. 1) adds ``beta * phi(F(w, x), Fhat_y)``
+    with ``phi`` the cross-entropy and ``Fhat_y`` the global average logit of the sample's label.
+    Unlike an MSE to raw logits, its gradient ``softmax(student) - softmax(target)`` is bounded
+    (each row sums to at most 2 in absolute value), whatever the scale the targets drift to.
+
+    Args:
+        student_logits: ``[B, C]`` logits of the model being trained.
+        target_logits: ``[B, C]`` teacher logits (detached; softmaxed here).
+    """
+    target = F.softmax(target_logits.detach(), dim=1)
+    return -(target * F.log_softmax(student_logits, dim=1)).sum(dim=1).mean()
+
+
 def ensemble_distillation_loss(student_logits: Tensor, ensemble_logits: Tensor, temperature: float = 1.0) -> Tensor:
     """FedDF's distillation towards the ensemble: ``T^2 * KL(softmax(z_ens/T) || softmax(z/T))``.
 

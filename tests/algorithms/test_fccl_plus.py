@@ -135,20 +135,60 @@ def test_homogeneous_variant_makes_all_models_equal_after_collaboration():
     models = [{k: v for k, v in s["module"].items() if k.startswith("model.")} for s in states]
     for key, value in models[0].items():
         assert all(torch.equal(value, other[key]) for other in models[1:]), key
-    # the teachers stay each client's own (different initialisations)
-    teachers = [s["module"]["previous_model.head.weight"] for s in states]
-    assert not torch.equal(teachers[0], teachers[1])
     with pytest.raises(ConfigError, match="one architecture"):
         _loop(FCCLPlus(average_after_collaboration=True))
 
 
-def test_local_learning_rate_decays_per_round():
-    """The local Adam's learning rate follows the authors' linear per-round decay."""
+def test_homogeneous_variant_starts_every_client_from_one_initial_model():
+    """Synchronised initialisation (the authors' homogeneous setting): equal initial weights, teacher included.
+
+    The heterogeneous form keeps one initialisation per client, so two clients of one architecture differ.
+    """
+    synchronised = _loop(FCCLPlus(average_after_collaboration=True), architectures=("cnn_tiny",) * 3)
+    initial = [synchronised.runtime.initial_state(c)["module"] for c in range(3)]
+    assert initial[0].keys() == initial[1].keys()
+    for key, value in initial[0].items():
+        assert all(torch.equal(value, other[key]) for other in initial[1:]), key
+    assert any(k.startswith("previous_model.") for k in initial[0])
+    separate = _loop(FCCLPlus(), architectures=("cnn_tiny",) * 3)
+    first, second = (separate.runtime.initial_state(c)["module"] for c in (0, 1))
+    assert not torch.equal(first["model.head.weight"], second["model.head.weight"])
+
+
+def test_local_optimizer_runs_at_the_configured_rate():
+    """The client builds its Adam at ``lr`` in every round: the per-round decay is the platform's lr_schedule."""
     client = _client("cnn_tiny", 0)
     client.round_idx, client.total_rounds = 5, 10
-    # 1e-3 * (1 - 0.9 * 4 / 10) = 6.4e-4
-    assert client.configure_optimizers().param_groups[0]["lr"] == pytest.approx(6.4e-4)
+    assert client.configure_optimizers().param_groups[0]["lr"] == 1e-3
     assert client.configure_optimizers().param_groups[0]["weight_decay"] == 1e-5
+
+
+class _BatchNormNet(torch.nn.Module):
+    """BatchNorm1d(2) (affine identity, fresh running stats 0 / 1) then the identity head: logits = BN(x)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(2)
+        self.head = torch.nn.Linear(2, 2, bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.eye(2))
+
+    def forward(self, x):
+        return self.head(self.norm(x))
+
+
+def test_fntd_teacher_runs_in_train_mode_by_default_as_the_authors_code():
+    """Train mode normalises with the batch's statistics, eval mode with the running ones (the switch).
+
+    Batch [[1, 0], [3, 0]]: batch mean [2, 0], biased variance [1, 0], so train mode gives
+    [[-1, 0], [1, 0]] (up to eps); fresh running stats (mean 0, variance 1) leave the batch as it is.
+    """
+    x = torch.tensor([[1.0, 0.0], [3.0, 0.0]])
+    default = FCCLPlus().build_client(_BatchNormNet(), 2)
+    assert default.teacher_train_mode
+    assert torch.allclose(default.teacher_logits(x), torch.tensor([[-1.0, 0.0], [1.0, 0.0]]), atol=1e-4)
+    switched = FCCLPlus(teacher_train_mode=False).build_client(_BatchNormNet(), 2)
+    assert torch.allclose(switched.teacher_logits(x), x / math.sqrt(1 + 1e-5), atol=1e-6)
 
 
 def test_fccl_plus_local_loss_is_ce_plus_tau_squared_fntd_by_hand():

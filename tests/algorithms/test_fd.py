@@ -51,3 +51,30 @@ def test_fd_server_averages_class_logits_uniformly_by_hand():
         upload(1, ClassStatsPayload(values=torch.tensor([[4.0, 2.0], [5.0, 7.0]]), counts=torch.tensor([3, 3]))),
     ])
     assert torch.allclose(weighted.download_for(0).values[0], torch.tensor([3.5, 1.5]))  # (2 + 12) / 4, 6 / 4
+
+
+def test_fd_paper_regulariser_is_the_cross_entropy_to_the_softmaxed_global_logits_by_hand():
+    """distillation=ce: CE + gamma * (-sum softmax(g) log softmax(z)); logits [1, 0], global [3, 0], gamma 0.5."""
+    import math
+
+    client = FD(gamma=0.5, distillation="ce").build_client(TinyLinear(), 2)
+    x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    client.on_receive(ClassStatsPayload(values=torch.tensor([[3.0, 0.0], [0.0, 0.0]]), counts=torch.tensor([2, 2])))
+    p_target = [1 / (1 + math.exp(-3.0)), 1 / (1 + math.exp(3.0))]  # softmax([3, 0])
+    log_q = [-math.log(1 + math.exp(-1.0)), -math.log(1 + math.exp(1.0))]  # log softmax([1, 0])
+    ce = -log_q[0]  # 0.313262
+    expected = ce + 0.5 * -(p_target[0] * log_q[0] + p_target[1] * log_q[1])
+    assert client.local_loss((x, y)).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_fd_paper_regulariser_gradient_stays_bounded_when_targets_explode():
+    """With global logits of 1e6 the MSE gradient explodes; the paper's stays within (1 + gamma) * 2 * |x|_1 = 4."""
+    x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    download = ClassStatsPayload(values=torch.tensor([[1e6, -1e6], [0.0, 0.0]]), counts=torch.tensor([2, 2]))
+    norms = {}
+    for form in ("mse", "ce"):
+        client = FD(gamma=1.0, distillation=form).build_client(TinyLinear(), 2)
+        client.on_receive(download)
+        client.local_loss((x, y)).backward()
+        norms[form] = float(client.model.head.weight.grad.abs().sum())
+    assert norms["mse"] > 1e5 and norms["ce"] < 4.0
