@@ -49,13 +49,15 @@ LABELS = {
     "fedper": "FedPer",
     "lg_fedavg": "LG-FedAvg",
     "fedgen": "FedGen",
+    "fedgen_htfllib": "FedGen, no client KL (HtFLlib form)",
     "fedcg": "FedCG",
+    "fedcg_mdcg_form": "FedCG, FedMD-CG authors' form",
     "fedmdcg": "FedMD-CG (KDC_agg)",
     "fedmdcg_kd": "FedMD-CG with KD_agg",
     "fedmdcg_ave": "FedMD-CG with AVE_agg (feature+logit)",
     "fedmdcg_ave_feature": "FedMD-CG with AVE_agg (feature only)",
 }
-TABLE1 = ["fedavg", "local", "fedper", "lg_fedavg", "fedgen", "fedcg", "fedmdcg"]
+TABLE1 = ["fedavg", "local", "fedper", "lg_fedavg", "fedgen", "fedgen_htfllib", "fedcg", "fedcg_mdcg_form", "fedmdcg"]
 TABLE3 = ["fedmdcg_ave_feature", "fedmdcg_ave", "fedmdcg_kd", "fedmdcg"]
 PARTIAL_SHARING = ["fedper", "lg_fedavg", "fedgen", "fedcg"]
 #: the authors' code flags the shipped FedMD-CG config uses (docs/fedmdcg.md)
@@ -101,11 +103,35 @@ def build(row: str, local_steps: int, server_steps: int) -> tuple[Any, TrainerTe
     if row == "lg_fedavg":
         return PaperProtocol(LGFedAvg(**sgd)), steps
     if row == "fedgen":
-        # FedMD-CG's code trains FedGen's generator with Adam 3e-4; fedgen's default 0.1 diverges here
+        # FedMD-CG's code trains FedGen's generator with Adam 3e-4 (fedgen's default 0.1 diverges here) and
+        # gives its clients FedGen's KL to the head's output on generated features (weight 1, T = 10)
+        fedgen = FedGen(
+            generator_steps=server_steps,
+            generator_batch_size=64,
+            generator_lr=3e-4,
+            latent_kl_weight=1.0,
+            latent_kl_temperature=10.0,
+            **sgd,
+        )
+        return PaperProtocol(fedgen), steps
+    if row == "fedgen_htfllib":
         fedgen = FedGen(generator_steps=server_steps, generator_batch_size=64, generator_lr=3e-4, **sgd)
         return PaperProtocol(fedgen), steps
     if row == "fedcg":
+        # FedCG's own server optimizer (Adam 2e-4, wd 1e-5), Hinton KD and label-conditioned discriminator
         return FedCG(local_steps=local_steps, server_steps=server_steps, **sgd), stages
+    if row == "fedcg_mdcg_form":
+        # the FedMD-CG authors' FedCG baseline: Adam 1e-3, wd 1e-4, element-mean KL, unconditional discriminator
+        fedcg = FedCG(
+            local_steps=local_steps,
+            server_steps=server_steps,
+            server_lr=1e-3,
+            server_weight_decay=1e-4,
+            server_kd_loss="mean",
+            conditional_discriminator=False,
+            **sgd,
+        )
+        return fedcg, stages
     if row == "fedmdcg":
         return FedMDCG(**mdcg), stages
     if row == "fedmdcg_kd":
@@ -132,6 +158,34 @@ def run_cell(row: str, seed: int, omega: float, args: argparse.Namespace) -> dic
         "curve_local": [r.get("acc_local") for r in loop.history],
         "curve_server": [r.get("acc_server") for r in loop.history],
         "bytes_up": summary["comm"]["bytes_up"],
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+#: ``--config_rows``: the shipped configs (20 rounds, I_c = 20, I_s = 50), with these overrides
+CONFIG_RUNS: dict[str, tuple[str, list[str]]] = {
+    "fedmdcg": ("fedmdcg", []),
+    "fedmdcg_ave": ("fedmdcg", ["--method.init_args.aggregation", "ave"]),
+    "lg_fedavg": ("lg_fedavg", []),
+    "fedper": ("fedper", []),
+    "fedgen": ("fedgen", []),
+    "fedcg": ("fedcg", []),
+}
+
+
+def config_cell(row: str) -> dict[str, Any]:
+    """``fedhet fit --config configs/experiments/mnist_mdcg/<config>.yaml`` (seed 0, omega 0.1): final L.acc/G.acc."""
+    from fedhet.cli import fit
+
+    torch.set_num_threads(1)
+    config, overrides = CONFIG_RUNS[row]
+    started = time.perf_counter()
+    run_dir = REPO / "runs" / f"{NAME}-config-{row}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config_path = REPO / "configs" / "experiments" / "mnist_mdcg" / f"{config}.yaml"
+    summary = fit(["--config", str(config_path), *overrides, "--wandb.mode", "disabled", "--run_dir", str(run_dir)])
+    return {
+        "acc_local": summary["final"]["acc_local"],
+        "acc_server": summary["final"]["acc_server"],
         "wall_s": round(time.perf_counter() - started, 1),
     }
 
@@ -210,6 +264,16 @@ def verdicts(results: dict[str, Any], omega: str) -> list[str]:
                     f"* **Crossed KD (KDC_agg) >= {LABELS[row]} on {name}: {state}** "
                     f"({wins}/{len(common)} seeds, mean gap {gap:+.2f})."
                 )
+    both, feature = seeds_of("fedmdcg_ave"), seeds_of("fedmdcg_ave_feature")
+    common = sorted(set(both) & set(feature))
+    for key, name in (("acc_local", "L.acc"), ("acc_server", "G.acc")) if common else ():
+        wins = sum(both[s][key] >= feature[s][key] for s in common)
+        gap = statistics.mean(both[s][key] - feature[s][key] for s in common)
+        state = "holds" if wins == len(common) else ("mixed" if wins else "does not hold")
+        lines.append(
+            f"* **AVE_agg: feature+logit transfer >= feature only on {name}: {state}** "
+            f"({wins}/{len(common)} seeds, mean gap {gap:+.2f})."
+        )
     return lines
 
 
@@ -362,6 +426,10 @@ def main() -> None:
     parser.add_argument("--attack_steps", type=int, default=500)
     parser.add_argument("--skip_privacy", action="store_true")
     parser.add_argument("--report_only", action="store_true")
+    parser.add_argument(
+        "--config_rows", nargs="*", default=[], choices=sorted(CONFIG_RUNS),
+        help="rows to (re)run at the shipped configs' budget (seed 0, omega 0.1)",
+    )  # fmt: skip
     args = parser.parse_args()
     path = OUT / f"{NAME}.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"cells": {}}
@@ -386,6 +454,10 @@ def main() -> None:
                     print(f"omega {omega} seed {seed} {row}: {cells[str(seed)]['acc_local']:.2f} / "
                           f"{cells[str(seed)]['acc_server']:.2f} ({cells[str(seed)]['wall_s']}s)", flush=True)
                     write_report(results, args)
+        for row in args.config_rows:
+            results.setdefault("config_budget", {})[row] = config_cell(row)
+            print(f"config budget {row}: {results['config_budget'][row]}", flush=True)
+            write_report(results, args)
         if not args.skip_privacy and "privacy" not in results:
             started = time.perf_counter()
             results["privacy"] = privacy_cells(args.seeds, args.attack_images, args.attack_steps)
