@@ -52,6 +52,8 @@ LABELS = {
     "fedgen_htfllib": "FedGen, no client KL (HtFLlib form)",
     "fedcg": "FedCG",
     "fedcg_mdcg_form": "FedCG, FedMD-CG authors' form",
+    "fedcg_server_lr_1e-3": "FedCG with the authors' server Adam (1e-3, wd 1e-4)",
+    "fedcg_mdcg_form_lr_2e-4": "FedCG, authors' form with FedCG's server Adam (2e-4, wd 1e-5)",
     "fedmdcg": "FedMD-CG (KDC_agg)",
     "fedmdcg_kd": "FedMD-CG with KD_agg",
     "fedmdcg_ave": "FedMD-CG with AVE_agg (feature+logit)",
@@ -127,6 +129,18 @@ def build(row: str, local_steps: int, server_steps: int) -> tuple[Any, TrainerTe
             server_steps=server_steps,
             server_lr=1e-3,
             server_weight_decay=1e-4,
+            server_kd_loss="mean",
+            conditional_discriminator=False,
+            **sgd,
+        )
+        return fedcg, stages
+    if row == "fedcg_server_lr_1e-3":
+        return FedCG(local_steps=local_steps, server_steps=server_steps, server_lr=1e-3, server_weight_decay=1e-4,
+                     **sgd), stages  # fmt: skip
+    if row == "fedcg_mdcg_form_lr_2e-4":
+        fedcg = FedCG(
+            local_steps=local_steps,
+            server_steps=server_steps,
             server_kd_loss="mean",
             conditional_discriminator=False,
             **sgd,
@@ -250,6 +264,20 @@ def verdicts(results: dict[str, Any], omega: str) -> list[str]:
             f"* **FedMD-CG beats the partial-sharing baselines on L.acc at omega={omega}: {verdict}.** "
             f"Paired wins: {'; '.join(beaten)}."
         )
+        ave = seeds_of("fedmdcg_ave")
+        paired = []
+        for row in PARTIAL_SHARING:
+            other = seeds_of(row)
+            common = sorted(set(ave) & set(other))
+            if common:
+                wins = sum(ave[s]["acc_local"] > other[s]["acc_local"] for s in common)
+                gap = statistics.mean(ave[s]["acc_local"] - other[s]["acc_local"] for s in common)
+                paired.append(f"{LABELS[row]} {wins}/{len(common)} seeds (mean gap {gap:+.2f})")
+        if paired:
+            lines.append(
+                "* Diagnostic, not a claim of the paper: FedMD-CG's client stages without the server distillation "
+                f"(AVE_agg, feature+logit) against the same baselines on L.acc: {'; '.join(paired)}."
+            )
         for row in ("fedmdcg_kd", "fedmdcg_ave"):
             other = seeds_of(row)
             common = sorted(set(mdcg) & set(other))
@@ -277,6 +305,39 @@ def verdicts(results: dict[str, Any], omega: str) -> list[str]:
     return lines
 
 
+def probe_section(probes: dict[str, Any]) -> list[str]:
+    """The tables of ``benchmarks/fedmdcg_kd_probe.py`` (what the server KD does to the shared classifier)."""
+    lines = [
+        "## What the server distillation does to the shared classifier (diagnostic)",
+        "",
+        "`python benchmarks/fedmdcg_kd_probe.py ...` (`docs/results/fedmdcg_kd_probe.json`): the benchmark cell re-run "
+        "with a probe that, after each round, puts every client's uploaded-round extractor F_i in front of (a) its own "
+        "D_i, (b) the example-weighted average D of the uploads (what AVE_agg sends) and (c) the distilled D (what "
+        "KDC_agg / KD_agg send), scored on the 1,000 test digits and averaged over clients; *teachers* is the "
+        "tau-weighted accuracy of D_i(G_i(z, y)) on labels drawn from p(y) (the consistency of the paper's Fig. 5).",
+        "",
+    ]
+    for key, probe in probes.items():
+        lines += [
+            f"**{key}** ({probe['wall_s']:.0f} s)",
+            "",
+            "| round | L.acc | G.acc | teachers | F_i + own D_i | F_i + averaged D | F_i + distilled D "
+            "| KD loss first / last |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in probe["rows"]:
+            lines.append(
+                f"| {row['round']} | {row['acc_local']:.1f} | {row['acc_server']:.1f} | {row['teacher_accuracy']} | "
+                f"{row['extractors_with_own_classifier']:.1f} | {row['extractors_with_averaged_classifier']:.1f} | "
+                f"{row['extractors_with_distilled_classifier']:.1f} | "
+                f"{row['distill_loss_first']:.2e} / {row['distill_loss_last']:.2e} |"
+            )
+        rows = probe["rows"][1:]
+        worse = sum(r["extractors_with_distilled_classifier"] < r["extractors_with_averaged_classifier"] for r in rows)
+        lines += ["", f"The distilled D is below the averaged D in {worse} of rounds 1-{len(rows)}.", ""]
+    return lines
+
+
 def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
     """docs/results/fedmdcg_mnist.{md,json,png}."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -287,7 +348,8 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
         "Produced by `python benchmarks/fedmdcg_mnist.py "
         + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in settings.items())
-        + "` (one thread, in-process runs, sequentially).",
+        + f"` (one thread, in-process runs, sequentially; torch {torch.__version__}: other builds give other numbers "
+        "for the same seed, so every cell of a table comes from one build).",
         "",
         "**Setting.** `mnist_all` (4,000 train / 1,000 test digits at 32x32), 10 clients, full participation, "
         "equal-size Dir(omega) clients (`BalancedDirichletPartitioner`), 100 class-balanced test digits per client, "
@@ -297,7 +359,11 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "(the paper: 100 rounds, 20 and 50), so every number is far from convergence and only orderings are "
         "compared. FedMD-CG uses the authors' code flags (`ramp: code`, lambda_2 = 0.1, T = 10 on the client "
         "KL and the server, server KL averaged over classes), as the shipped config does (see docs/fedmdcg.md "
-        "for why). All methods are evaluated as the paper does: **L.acc** = `acc_local`, each client's model "
+        "for why). FedGen shares classifiers only (the paper's partial-sharing FedGen) and its clients add FedGen's "
+        "KL to the head's output on generated features (weight 1, T = 10, as the FedMD-CG code's FedGen); FedCG "
+        "uses a label-conditioned discriminator, Hinton KD (T^2, batch mean) and its own server Adam (2e-4, "
+        "wd 1e-5); the FedMD-CG authors' FedCG form and FedGen without the client KL are extra rows. "
+        "All methods are evaluated as the paper does: **L.acc** = `acc_local`, each client's model "
         "after local training and before the download on its class-balanced test shard (mean over clients); "
         "**G.acc** = `acc_server`, the virtual global model (n_i-weighted average of every client's whole "
         "model, built for evaluation only) on the 1,000 test digits. Final round, mean ± std over seeds "
@@ -369,6 +435,21 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
               for k, v in config_budget.items()],
             "",
         ]
+    checks = ["fedcg", "fedcg_mdcg_form", "fedcg_server_lr_1e-3", "fedcg_mdcg_form_lr_2e-4"]
+    cells = results["cells"].get("0.1", {})
+    if all("0" in cells.get(row, {}) for row in checks):
+        lines += [
+            "## FedCG: which change keeps it off chance (seed 0, omega 0.1)",
+            "",
+            "| FedCG variant | L.acc | G.acc |",
+            "|---|---|---|",
+            *[f"| {LABELS[row]} | {cells[row]['0']['acc_local']:.2f} | {cells[row]['0']['acc_server']:.2f} |"
+              for row in checks],
+            "",
+        ]
+    probe_path = OUT / "fedmdcg_kd_probe.json"
+    if probe_path.exists():
+        lines += probe_section(json.loads(probe_path.read_text()))
     if results.get("reading"):
         lines += ["## Reading", "", *results["reading"], ""]
     if results.get("not_run"):

@@ -318,6 +318,8 @@ def test_fedcg_cgan_run_and_generator_is_shared():
     assert scores.shape == (5, 1) and bool(((scores > 0) & (scores < 1)).all())
     assert loop.history[-1]["server/distill_loss"] >= 0 and "acc_server" in loop.history[-1]
     assert loop.server.kd_reduction == "hinton" and loop.server.lr == pytest.approx(2e-4)
+    with pytest.raises(ConfigError, match="server_kd_loss"):
+        FedCG(server_kd_loss="sum")  # type: ignore[arg-type]
 
 
 def test_fedcg_discriminator_is_conditioned_on_the_label():
