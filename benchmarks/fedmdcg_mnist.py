@@ -49,13 +49,17 @@ LABELS = {
     "fedper": "FedPer",
     "lg_fedavg": "LG-FedAvg",
     "fedgen": "FedGen",
+    "fedgen_htfllib": "FedGen, no client KL (HtFLlib form)",
     "fedcg": "FedCG",
+    "fedcg_mdcg_form": "FedCG, FedMD-CG authors' form",
+    "fedcg_server_lr_1e-3": "FedCG with the authors' server Adam (1e-3, wd 1e-4)",
+    "fedcg_mdcg_form_lr_2e-4": "FedCG, authors' form with FedCG's server Adam (2e-4, wd 1e-5)",
     "fedmdcg": "FedMD-CG (KDC_agg)",
     "fedmdcg_kd": "FedMD-CG with KD_agg",
     "fedmdcg_ave": "FedMD-CG with AVE_agg (feature+logit)",
     "fedmdcg_ave_feature": "FedMD-CG with AVE_agg (feature only)",
 }
-TABLE1 = ["fedavg", "local", "fedper", "lg_fedavg", "fedgen", "fedcg", "fedmdcg"]
+TABLE1 = ["fedavg", "local", "fedper", "lg_fedavg", "fedgen", "fedgen_htfllib", "fedcg", "fedcg_mdcg_form", "fedmdcg"]
 TABLE3 = ["fedmdcg_ave_feature", "fedmdcg_ave", "fedmdcg_kd", "fedmdcg"]
 PARTIAL_SHARING = ["fedper", "lg_fedavg", "fedgen", "fedcg"]
 #: the authors' code flags the shipped FedMD-CG config uses (docs/fedmdcg.md)
@@ -101,11 +105,47 @@ def build(row: str, local_steps: int, server_steps: int) -> tuple[Any, TrainerTe
     if row == "lg_fedavg":
         return PaperProtocol(LGFedAvg(**sgd)), steps
     if row == "fedgen":
-        # FedMD-CG's code trains FedGen's generator with Adam 3e-4; fedgen's default 0.1 diverges here
+        # FedMD-CG's code trains FedGen's generator with Adam 3e-4 (fedgen's default 0.1 diverges here) and
+        # gives its clients FedGen's KL to the head's output on generated features (weight 1, T = 10)
+        fedgen = FedGen(
+            generator_steps=server_steps,
+            generator_batch_size=64,
+            generator_lr=3e-4,
+            latent_kl_weight=1.0,
+            latent_kl_temperature=10.0,
+            **sgd,
+        )
+        return PaperProtocol(fedgen), steps
+    if row == "fedgen_htfllib":
         fedgen = FedGen(generator_steps=server_steps, generator_batch_size=64, generator_lr=3e-4, **sgd)
         return PaperProtocol(fedgen), steps
     if row == "fedcg":
+        # FedCG's own server optimizer (Adam 2e-4, wd 1e-5), Hinton KD and label-conditioned discriminator
         return FedCG(local_steps=local_steps, server_steps=server_steps, **sgd), stages
+    if row == "fedcg_mdcg_form":
+        # the FedMD-CG authors' FedCG baseline: Adam 1e-3, wd 1e-4, element-mean KL, unconditional discriminator
+        fedcg = FedCG(
+            local_steps=local_steps,
+            server_steps=server_steps,
+            server_lr=1e-3,
+            server_weight_decay=1e-4,
+            server_kd_loss="mean",
+            conditional_discriminator=False,
+            **sgd,
+        )
+        return fedcg, stages
+    if row == "fedcg_server_lr_1e-3":
+        return FedCG(local_steps=local_steps, server_steps=server_steps, server_lr=1e-3, server_weight_decay=1e-4,
+                     **sgd), stages  # fmt: skip
+    if row == "fedcg_mdcg_form_lr_2e-4":
+        fedcg = FedCG(
+            local_steps=local_steps,
+            server_steps=server_steps,
+            server_kd_loss="mean",
+            conditional_discriminator=False,
+            **sgd,
+        )
+        return fedcg, stages
     if row == "fedmdcg":
         return FedMDCG(**mdcg), stages
     if row == "fedmdcg_kd":
@@ -132,6 +172,34 @@ def run_cell(row: str, seed: int, omega: float, args: argparse.Namespace) -> dic
         "curve_local": [r.get("acc_local") for r in loop.history],
         "curve_server": [r.get("acc_server") for r in loop.history],
         "bytes_up": summary["comm"]["bytes_up"],
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+#: ``--config_rows``: the shipped configs (20 rounds, I_c = 20, I_s = 50), with these overrides
+CONFIG_RUNS: dict[str, tuple[str, list[str]]] = {
+    "fedmdcg": ("fedmdcg", []),
+    "fedmdcg_ave": ("fedmdcg", ["--method.init_args.aggregation", "ave"]),
+    "lg_fedavg": ("lg_fedavg", []),
+    "fedper": ("fedper", []),
+    "fedgen": ("fedgen", []),
+    "fedcg": ("fedcg", []),
+}
+
+
+def config_cell(row: str) -> dict[str, Any]:
+    """``fedhet fit --config configs/experiments/mnist_mdcg/<config>.yaml`` (seed 0, omega 0.1): final L.acc/G.acc."""
+    from fedhet.cli import fit
+
+    torch.set_num_threads(1)
+    config, overrides = CONFIG_RUNS[row]
+    started = time.perf_counter()
+    run_dir = REPO / "runs" / f"{NAME}-config-{row}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config_path = REPO / "configs" / "experiments" / "mnist_mdcg" / f"{config}.yaml"
+    summary = fit(["--config", str(config_path), *overrides, "--wandb.mode", "disabled", "--run_dir", str(run_dir)])
+    return {
+        "acc_local": summary["final"]["acc_local"],
+        "acc_server": summary["final"]["acc_server"],
         "wall_s": round(time.perf_counter() - started, 1),
     }
 
@@ -196,6 +264,20 @@ def verdicts(results: dict[str, Any], omega: str) -> list[str]:
             f"* **FedMD-CG beats the partial-sharing baselines on L.acc at omega={omega}: {verdict}.** "
             f"Paired wins: {'; '.join(beaten)}."
         )
+        ave = seeds_of("fedmdcg_ave")
+        paired = []
+        for row in PARTIAL_SHARING:
+            other = seeds_of(row)
+            common = sorted(set(ave) & set(other))
+            if common:
+                wins = sum(ave[s]["acc_local"] > other[s]["acc_local"] for s in common)
+                gap = statistics.mean(ave[s]["acc_local"] - other[s]["acc_local"] for s in common)
+                paired.append(f"{LABELS[row]} {wins}/{len(common)} seeds (mean gap {gap:+.2f})")
+        if paired:
+            lines.append(
+                "* Diagnostic, not a claim of the paper: FedMD-CG's client stages without the server distillation "
+                f"(AVE_agg, feature+logit) against the same baselines on L.acc: {'; '.join(paired)}."
+            )
         for row in ("fedmdcg_kd", "fedmdcg_ave"):
             other = seeds_of(row)
             common = sorted(set(mdcg) & set(other))
@@ -210,6 +292,50 @@ def verdicts(results: dict[str, Any], omega: str) -> list[str]:
                     f"* **Crossed KD (KDC_agg) >= {LABELS[row]} on {name}: {state}** "
                     f"({wins}/{len(common)} seeds, mean gap {gap:+.2f})."
                 )
+    both, feature = seeds_of("fedmdcg_ave"), seeds_of("fedmdcg_ave_feature")
+    common = sorted(set(both) & set(feature))
+    for key, name in (("acc_local", "L.acc"), ("acc_server", "G.acc")) if common else ():
+        wins = sum(both[s][key] >= feature[s][key] for s in common)
+        gap = statistics.mean(both[s][key] - feature[s][key] for s in common)
+        state = "holds" if wins == len(common) else ("mixed" if wins else "does not hold")
+        lines.append(
+            f"* **AVE_agg: feature+logit transfer >= feature only on {name}: {state}** "
+            f"({wins}/{len(common)} seeds, mean gap {gap:+.2f})."
+        )
+    return lines
+
+
+def probe_section(probes: dict[str, Any]) -> list[str]:
+    """The tables of ``benchmarks/fedmdcg_kd_probe.py`` (what the server KD does to the shared classifier)."""
+    lines = [
+        "## What the server distillation does to the shared classifier (diagnostic)",
+        "",
+        "`python benchmarks/fedmdcg_kd_probe.py ...` (`docs/results/fedmdcg_kd_probe.json`): the benchmark cell re-run "
+        "with a probe that, after each round, puts every client's uploaded-round extractor F_i in front of (a) its own "
+        "D_i, (b) the example-weighted average D of the uploads (what AVE_agg sends) and (c) the distilled D (what "
+        "KDC_agg / KD_agg send), scored on the 1,000 test digits and averaged over clients; *teachers* is the "
+        "tau-weighted accuracy of D_i(G_i(z, y)) on labels drawn from p(y) (the consistency of the paper's Fig. 5).",
+        "",
+    ]
+    for key, probe in probes.items():
+        lines += [
+            f"**{key}** ({probe['wall_s']:.0f} s)",
+            "",
+            "| round | L.acc | G.acc | teachers | F_i + own D_i | F_i + averaged D | F_i + distilled D "
+            "| KD loss first / last |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in probe["rows"]:
+            lines.append(
+                f"| {row['round']} | {row['acc_local']:.1f} | {row['acc_server']:.1f} | {row['teacher_accuracy']} | "
+                f"{row['extractors_with_own_classifier']:.1f} | {row['extractors_with_averaged_classifier']:.1f} | "
+                f"{row['extractors_with_distilled_classifier']:.1f} | "
+                f"{row['distill_loss_first']:.2e} / {row['distill_loss_last']:.2e} |"
+            )
+        rows = probe["rows"][1:]
+        worse = sum(r["extractors_with_distilled_classifier"] < r["extractors_with_averaged_classifier"] for r in rows)
+        summary = f"The distilled D is below the averaged D in {worse} of the {len(rows)} rounds after round 0."
+        lines += ["", summary, ""]
     return lines
 
 
@@ -223,7 +349,8 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
         "Produced by `python benchmarks/fedmdcg_mnist.py "
         + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in settings.items())
-        + "` (one thread, in-process runs, sequentially).",
+        + f"` (one thread, in-process runs, sequentially; torch {torch.__version__}: other builds give other numbers "
+        "for the same seed, so every cell of a table comes from one build).",
         "",
         "**Setting.** `mnist_all` (4,000 train / 1,000 test digits at 32x32), 10 clients, full participation, "
         "equal-size Dir(omega) clients (`BalancedDirichletPartitioner`), 100 class-balanced test digits per client, "
@@ -233,7 +360,11 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "(the paper: 100 rounds, 20 and 50), so every number is far from convergence and only orderings are "
         "compared. FedMD-CG uses the authors' code flags (`ramp: code`, lambda_2 = 0.1, T = 10 on the client "
         "KL and the server, server KL averaged over classes), as the shipped config does (see docs/fedmdcg.md "
-        "for why). All methods are evaluated as the paper does: **L.acc** = `acc_local`, each client's model "
+        "for why). FedGen shares classifiers only (the paper's partial-sharing FedGen) and its clients add FedGen's "
+        "KL to the head's output on generated features (weight 1, T = 10, as the FedMD-CG code's FedGen); FedCG "
+        "uses a label-conditioned discriminator, Hinton KD (T^2, batch mean) and its own server Adam (2e-4, "
+        "wd 1e-5); the FedMD-CG authors' FedCG form and FedGen without the client KL are extra rows. "
+        "All methods are evaluated as the paper does: **L.acc** = `acc_local`, each client's model "
         "after local training and before the download on its class-balanced test shard (mean over clients); "
         "**G.acc** = `acc_server`, the virtual global model (n_i-weighted average of every client's whole "
         "model, built for evaluation only) on the 1,000 test digits. Final round, mean ± std over seeds "
@@ -297,7 +428,8 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         lines += [
             "## At the shipped configs' budget (20 rounds, I_c = 20, I_s = 50; one seed)",
             "",
-            "`fedhet fit --config configs/experiments/mnist_mdcg/<method>.yaml` (seed 0, omega 0.1), final round:",
+            "`fedhet fit --config configs/experiments/mnist_mdcg/<method>.yaml` (seed 0, omega 0.1; AVE_agg: "
+            "`--method.init_args.aggregation ave`; `--config_rows` of this script), final round:",
             "",
             "| method | L.acc | G.acc | wall s |",
             "|---|---|---|---|",
@@ -305,6 +437,21 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
               for k, v in config_budget.items()],
             "",
         ]
+    checks = ["fedcg", "fedcg_mdcg_form", "fedcg_server_lr_1e-3", "fedcg_mdcg_form_lr_2e-4"]
+    cells = results["cells"].get("0.1", {})
+    if all("0" in cells.get(row, {}) for row in checks):
+        lines += [
+            "## FedCG: which change keeps it off chance (seed 0, omega 0.1)",
+            "",
+            "| FedCG variant | L.acc | G.acc |",
+            "|---|---|---|",
+            *[f"| {LABELS[row]} | {cells[row]['0']['acc_local']:.2f} | {cells[row]['0']['acc_server']:.2f} |"
+              for row in checks],
+            "",
+        ]
+    probe_path = OUT / "fedmdcg_kd_probe.json"
+    if probe_path.exists():
+        lines += probe_section(json.loads(probe_path.read_text()))
     if results.get("reading"):
         lines += ["## Reading", "", *results["reading"], ""]
     if results.get("not_run"):
@@ -362,6 +509,10 @@ def main() -> None:
     parser.add_argument("--attack_steps", type=int, default=500)
     parser.add_argument("--skip_privacy", action="store_true")
     parser.add_argument("--report_only", action="store_true")
+    parser.add_argument(
+        "--config_rows", nargs="*", default=[], choices=sorted(CONFIG_RUNS),
+        help="rows to (re)run at the shipped configs' budget (seed 0, omega 0.1)",
+    )  # fmt: skip
     args = parser.parse_args()
     path = OUT / f"{NAME}.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"cells": {}}
@@ -386,6 +537,10 @@ def main() -> None:
                     print(f"omega {omega} seed {seed} {row}: {cells[str(seed)]['acc_local']:.2f} / "
                           f"{cells[str(seed)]['acc_server']:.2f} ({cells[str(seed)]['wall_s']}s)", flush=True)
                     write_report(results, args)
+        for row in args.config_rows:
+            results.setdefault("config_budget", {})[row] = config_cell(row)
+            print(f"config budget {row}: {results['config_budget'][row]}", flush=True)
+            write_report(results, args)
         if not args.skip_privacy and "privacy" not in results:
             started = time.perf_counter()
             results["privacy"] = privacy_cells(args.seeds, args.attack_images, args.attack_steps)

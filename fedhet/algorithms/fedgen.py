@@ -18,14 +18,21 @@ K')``, ``z ~ U[0,1)`` as both codes) is fitted with Adam for ``generator_steps``
 from the round's label counts.
 Client state kept across rounds: the model (its head replaced by each download) and optimizer
 state; the generator is the server's and is not kept.
-Local objective: ``CE(f(x), y) + generated_weight * CE(head(G(z, y^)), y^)``, ``y^`` drawn from
-the global label counts, the generator in training mode (batch statistics) as HtFLlib.
+Local objective: ``CE(f(x), y) + generated_weight * CE(head(G(z, y^)), y^)
++ latent_kl_weight * KL(softmax(head(G(z, y)) / T) || softmax(f(x) / T))``, ``y^`` drawn from
+the global label counts, ``y`` the real batch's labels (the official code's ``user_latent_loss``:
+the head's output on generated features of the same labels is the target), the generator in
+training mode (batch statistics) as HtFLlib. ``latent_kl_weight`` is 0 by default (HtFLlib);
+FedMD-CG's baselines use 1 with ``T = 10`` (its authors' FedGen, spec ``reference/fedmdcg.md``
+section 8).
 Deviations from paper/official code: the ensemble weights ``a_k(y)`` are the paper's per-class
 shares ``n_k^y / sum_j n_j^y`` (``ensemble_weighting="label"``); HtFLlib uses sample shares
 ``n_k / n`` (``"samples"``). The diversity loss (paper Eq. 7, official ``DiversityLoss('l1')``,
-weight 1) is on; HtFLlib has none (``diversity_weight=0``). As in HtFLlib, clients add only the
-generated-feature CE with a constant weight 1 (the official code also adds a KL term and decays
-both weights), and heads are shared (HtFLlib; the official code averages whole models).
+weight 1) is on; HtFLlib has none (``diversity_weight=0``). As in HtFLlib, clients add by default
+only the generated-feature CE with a constant weight 1 (the official code also adds the KL term,
+``latent_kl_weight``, and decays both weights by 0.98 per round; the decay is not reproduced),
+and heads are shared (HtFLlib; the official code averages whole models). Sharing only the heads
+is the partial-sharing FedGen of FedMD-CG's paper ("FedGen shares clients' classifiers").
 Clients train without the regulariser until the generator has been trained once (HtFLlib
 already uses its untrained generator in round 0).
 """
@@ -58,7 +65,7 @@ from fedhet.algorithms.common import state_with_prefix
 from fedhet.core.payloads import Payload, WeightsPayload, check_shape
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import TrainingError
-from fedhet.functional import diversity_loss, weighted_average
+from fedhet.functional import distillation_kl_loss, diversity_loss, weighted_average
 from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
 from fedhet.seeding import derive_seed, seeded
 
@@ -129,6 +136,9 @@ class FedGenClient(ClientModule):
         lr: local learning rate.
         momentum: SGD momentum.
         weight_decay: L2 weight decay.
+        latent_kl_weight: weight of the KL to the head's output on generated features of the
+            batch's labels (official FedGen's ``user_latent_loss``; HtFLlib: 0).
+        latent_kl_temperature: its softmax temperature.
     """
 
     received_modules = ("generator",)
@@ -143,15 +153,28 @@ class FedGenClient(ClientModule):
         lr: float = 0.01,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        latent_kl_weight: float = 0.0,
+        latent_kl_temperature: float = 1.0,
     ) -> None:
         super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
         self.generator = generator.requires_grad_(False)
         self.generated_weight = generated_weight
+        self.latent_kl_weight = latent_kl_weight
+        self.latent_kl_temperature = latent_kl_temperature
         self.label_distribution: Tensor | None = None
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
-        loss = F.cross_entropy(self.model(x), y)
+        latent_kl = self.latent_kl_weight != 0.0 and self.label_distribution is not None and x.shape[0] > 1
+        logits = self.model.forward_head(self.model.forward_features(x)) if latent_kl else self.model(x)
+        loss = F.cross_entropy(logits, y)
+        if latent_kl:  # the batch's own labels through the generator; BatchNorm needs two samples
+            self.generator.train()
+            with torch.no_grad():
+                same_labels, _ = self.generator(y)
+                target = self.model.forward_head(same_labels)
+            kl = distillation_kl_loss(logits, target, self.latent_kl_temperature)
+            loss = loss + self.latent_kl_weight * kl
         if self.label_distribution is not None and self.generated_weight != 0.0:
             size = max(2, x.shape[0])  # BatchNorm in training mode needs two samples
             labels = torch.multinomial(self.label_distribution.to(x.device), size, replacement=True)
@@ -332,6 +355,9 @@ class FedGen(Algorithm):
         lr: local learning rate.
         momentum: SGD momentum.
         weight_decay: L2 weight decay.
+        latent_kl_weight: weight of the clients' KL to ``head(G(z, y))`` (official FedGen's
+            ``user_latent_loss``; HtFLlib and the default: 0).
+        latent_kl_temperature: its temperature (official FedGen: 1; FedMD-CG's code: 10).
     """
 
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
@@ -352,8 +378,12 @@ class FedGen(Algorithm):
         lr: PositiveFloat = 0.01,
         momentum: Momentum = 0.0,
         weight_decay: NonNegativeFloat = 0.0,
+        latent_kl_weight: NonNegativeFloat = 0.0,
+        latent_kl_temperature: PositiveFloat = 1.0,
     ) -> None:
         super().__init__(optimizer, lr, momentum, weight_decay)
+        self.latent_kl_weight = latent_kl_weight
+        self.latent_kl_temperature = latent_kl_temperature
         self.noise_dim = noise_dim
         self.generator_hidden_dim = generator_hidden_dim
         self.generator_lr = generator_lr
@@ -366,7 +396,15 @@ class FedGen(Algorithm):
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         feature_dim = int(model.num_features)  # type: ignore[arg-type]
         generator = FeatureGenerator(self.noise_dim, num_classes, self.generator_hidden_dim or feature_dim, feature_dim)
-        return FedGenClient(model, num_classes, generator, self.generated_weight, **self.optimizer_kwargs())
+        return FedGenClient(
+            model,
+            num_classes,
+            generator,
+            self.generated_weight,
+            **self.optimizer_kwargs(),
+            latent_kl_weight=self.latent_kl_weight,
+            latent_kl_temperature=self.latent_kl_temperature,
+        )
 
     def build_server(self) -> ServerPhase:
         return FedGenServer(

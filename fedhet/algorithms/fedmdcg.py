@@ -433,7 +433,7 @@ class FedMDCGServer(TrainableServerPhase):
         kl_direction: see :mod:`fedhet.functional.conditional_generators`.
         kl_reduction: ``"sum_classes"`` or ``"mean_classes"`` (code, B11).
         share_noise: feed one noise batch to every generator (paper) or fresh noise to each (code).
-        kd_reduction: reduction of ``KD_agg`` (``"mean"``: FedCG's element mean).
+        kd_reduction: reduction of ``KD_agg`` (see :func:`fedhet.functional.ensemble_distillation_kl`).
     """
 
     def __init__(
@@ -448,7 +448,7 @@ class FedMDCGServer(TrainableServerPhase):
         kl_direction: KLDirection = "teacher_first",
         kl_reduction: KLReduction = "sum_classes",
         share_noise: bool = True,
-        kd_reduction: Literal["batchmean", "mean"] = "batchmean",
+        kd_reduction: Literal["batchmean", "mean", "hinton"] = "batchmean",
     ) -> None:
         super().__init__()
         if aggregation not in ("kdc", "kd", "ave"):
@@ -463,7 +463,7 @@ class FedMDCGServer(TrainableServerPhase):
         self.kl_direction: KLDirection = kl_direction
         self.kl_reduction: KLReduction = kl_reduction
         self.share_noise = share_noise
-        self.kd_reduction: Literal["batchmean", "mean"] = kd_reduction
+        self.kd_reduction: Literal["batchmean", "mean", "hinton"] = kd_reduction
         #: which of L_kl,1..3 the crossed distillation uses (all three; tests switch them singly)
         self.terms: tuple[bool, bool, bool] = (True, True, True)
         self.num_classes = 0

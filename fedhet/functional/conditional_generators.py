@@ -188,17 +188,30 @@ def ensemble_distillation_kl(
     teacher_logits: Tensor,
     client_weights: Tensor,
     temperature: float = 1.0,
-    reduction: Literal["batchmean", "mean"] = "batchmean",
+    reduction: Literal["batchmean", "mean", "hinton"] = "batchmean",
 ) -> Tensor:
     """FedCG's server ``KD_agg``: ``KL(softmax(sum_i w_i z_i / T) || softmax(z / T))``.
 
     ``teacher_logits`` is ``[N, B, C]`` (``D_i(G_i(z, y))``), ``client_weights`` ``[N]`` the sample
-    shares ``n_i / n``: the teacher averages the logits before the softmax. ``reduction="mean"``
-    is PyTorch's default element mean of FedCG's ``KLDivLoss()`` (the batch mean divided by C).
+    shares ``n_i / n``: the teacher averages the logits before the softmax. ``reduction``:
+    ``"batchmean"`` is the batch mean of the per-sample KL; ``"mean"`` is PyTorch's default
+    element mean of the FedMD-CG authors' ``KLDivLoss()`` (the batch mean divided by C, no
+    ``T^2``); ``"hinton"`` is Hinton et al.'s distillation loss, the batch mean times ``T^2``, so
+    the gradient keeps its size as ``T`` grows (FedCG aggregates "using knowledge distillation
+    (Hinton, Vinyals, and Dean 2015)").
+
+    Example:
+        >>> teachers = torch.tensor([[[1.0986123, 0.0]]])  # ln 3: one client, target [0.75, 0.25]
+        >>> round(ensemble_distillation_kl(torch.zeros(1, 2), teachers, torch.ones(1), 1.0, "hinton").item(), 4)
+        0.1308
     """
+    if reduction not in ("batchmean", "mean", "hinton"):
+        raise ValueError(f"unknown reduction {reduction!r}; use 'batchmean', 'mean' or 'hinton'")
     teacher = (client_weights.view(-1, 1, 1).to(teacher_logits) * teacher_logits.detach()).sum(dim=0)
     per_sample = distribution_kl(student_logits, teacher, temperature, "teacher_first")
     loss = per_sample.mean()
+    if reduction == "hinton":
+        return loss * temperature**2
     return loss / student_logits.shape[1] if reduction == "mean" else loss
 
 

@@ -54,6 +54,42 @@ def test_fedgen_client_loss_adds_the_generated_feature_cross_entropy_by_hand():
     assert not any(k.startswith("generator.") for k in client.client_state())
 
 
+def test_fedgen_client_latent_kl_term_by_hand():
+    """Official FedGen's user_latent_loss: KL(softmax(head(G(z, y))/T) || softmax(f(x)/T)), batch mean.
+
+    G outputs [2, 0] for every label, so the target is softmax([2, 0]) = [e^2, 1] / (1 + e^2); the
+    students are softmax([1, 0]) and softmax([0, 1]); the generated CE is switched off (weight 0).
+    """
+
+    def kl(target: list[float], student: list[float]) -> float:
+        return sum(t * math.log(t / s) for t, s in zip(target, student, strict=True))
+
+    def softmax(logits: list[float], temperature: float) -> list[float]:
+        exps = [math.exp(v / temperature) for v in logits]
+        return [e / sum(exps) for e in exps]
+
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1])
+    ce = math.log1p(math.exp(-1.0))  # both rows: log(1 + e^-1) = 0.313262
+    generator = {k: v.detach().clone() for k, v in _constant_generator([2.0, 0.0]).named_parameters()}
+    download = FedGenDownload(head={"weight": torch.eye(2)}, generator=generator, label_counts=torch.tensor([5, 5]))
+    for temperature in (1.0, 2.0):
+        client = FedGenClient(
+            TinyLinear(), 2, FeatureGenerator(3, 2, 4, 2), generated_weight=0.0,
+            latent_kl_weight=0.5, latent_kl_temperature=temperature,
+        )  # fmt: skip
+        assert client.local_loss((x, y)).item() == pytest.approx(ce, abs=1e-6)  # no download yet: CE only
+        client.on_receive(download)
+        target = softmax([2.0, 0.0], temperature)
+        students = (softmax([1.0, 0.0], temperature), softmax([0.0, 1.0], temperature))
+        # T = 1: KL rows 0.067131 and 0.828725 -> 0.313262 + 0.5 * 0.447928 = 0.537226
+        expected = ce + 0.5 * (kl(target, students[0]) + kl(target, students[1])) / 2
+        assert client.local_loss((x, y)).item() == pytest.approx(expected, abs=1e-6)
+        if temperature == 1.0:
+            assert expected == pytest.approx(0.537226, abs=1e-6)
+    built = FedGen(latent_kl_weight=1.0, latent_kl_temperature=10.0).build_client(TinyLinear(), 2)
+    assert (built.latent_kl_weight, built.latent_kl_temperature) == (1.0, 10.0)
+
+
 def _server_after_two_uploads(diversity_weight: float = 0.5) -> FedGenServer:
     server = FedGenServer(noise_dim=3, hidden_dim=4, diversity_weight=diversity_weight)
     server.setup(context(num_classes=2, initial=INITIAL_HEAD))

@@ -313,9 +313,37 @@ def test_fedcg_cgan_run_and_generator_is_shared():
     download = loop.server.download_for(0)
     module.on_receive(download)
     assert all(torch.equal(module.generator.state_dict()[k], v) for k, v in download.generator.items())
-    scores = module.discriminator(torch.randn(5, module.model.num_features))
+    labels = torch.tensor([0, 1, 2, 3, 4])
+    scores = module.discriminator(torch.randn(5, module.model.num_features), labels)
     assert scores.shape == (5, 1) and bool(((scores > 0) & (scores < 1)).all())
     assert loop.history[-1]["server/distill_loss"] >= 0 and "acc_server" in loop.history[-1]
+    assert loop.server.kd_reduction == "hinton" and loop.server.lr == pytest.approx(2e-4)
+    with pytest.raises(ConfigError, match="server_kd_loss"):
+        FedCG(server_kd_loss="sum")  # type: ignore[arg-type]
+
+
+def test_fedcg_discriminator_is_conditioned_on_the_label():
+    """FedCG's cGAN: the discriminator reads [h, onehot(y)]; the FedMD-CG authors' baseline reads h only."""
+    from fedhet.algorithms.fedcg import LatentDiscriminator
+
+    head = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 10))
+    conditional = LatentDiscriminator(head, 10)
+    assert conditional.body[0].in_features == 14 and conditional.body[-1].out_features == 1
+    features = torch.randn(2, 4)
+    same = torch.tensor([1, 1])
+    # with the first layer's label columns set by hand, the label alone changes the score
+    with torch.no_grad():
+        conditional.body[0].weight[:, 4:] = 0.0
+        conditional.body[0].weight[:, 5] = 1.0  # class 1 adds 1 to every hidden pre-activation
+    scores_1 = conditional(features, same)
+    scores_0 = conditional(features, torch.tensor([0, 0]))
+    assert not torch.allclose(scores_1, scores_0)
+    with pytest.raises(ValueError, match="labels"):
+        conditional(features)
+    blind = LatentDiscriminator(head, 10, conditional=False)
+    assert blind.body[0].in_features == 4
+    assert torch.equal(blind(features), blind(features, same))
+    assert not torch.equal(head[0].weight, blind.body[0].weight)  # freshly initialised, not the head
 
 
 # ------------------------------------------------------------------ data

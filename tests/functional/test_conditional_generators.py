@@ -127,6 +127,17 @@ def test_ensemble_distillation_averages_logits_before_the_softmax():
     assert mean.item() == pytest.approx(KL_P_U / 2, abs=1e-6)
 
 
+def test_ensemble_distillation_hinton_scales_by_t_squared():
+    """T = 2: teacher logits [2 ln3, 0] / 2 = [ln3, 0] -> [.75, .25]; Hinton's loss is T^2 KL = 4 * KL_P_U."""
+    teachers = torch.tensor([[[2 * LN3, 0.0]]])
+    loss = ensemble_distillation_kl(torch.zeros(1, 2), teachers, torch.ones(1), 2.0, reduction="hinton")
+    assert loss.item() == pytest.approx(4 * KL_P_U, abs=1e-6)  # 0.523248
+    plain = ensemble_distillation_kl(torch.zeros(1, 2), teachers, torch.ones(1), 2.0)
+    assert plain.item() == pytest.approx(KL_P_U, abs=1e-6)
+    with pytest.raises(ValueError, match="reduction"):
+        ensemble_distillation_kl(torch.zeros(1, 2), teachers, torch.ones(1), reduction="sum")  # type: ignore[arg-type]
+
+
 def test_cgan_losses_by_hand():
     """-log 0.8 - log(1 - 0.4) for the discriminator, -log 0.4 for the generator."""
     real, fake = torch.tensor([0.8]), torch.tensor([0.4])
