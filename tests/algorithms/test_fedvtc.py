@@ -306,17 +306,14 @@ def test_resume_in_the_middle_of_fine_tuning_equals_the_uninterrupted_run():
     assert summary["comm"] == first.summary()["comm"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known negative result: at a unit-test budget (a few hundred SGD steps) the VTC collapses to the "
-    "mean digit (posterior collapse: sigma = 1 noise swamps the features), so its digits are recognised at "
-    "chance; see docs/fedvtc.md and docs/results/fedvtc_mnist.md. Strict: passing flags the change.",
-)
-def test_synthetic_digits_are_recognised_by_a_held_out_model_above_chance():
+@pytest.mark.parametrize("prior_sd, kl_weight, above_chance", [(0.1, 0.01, True), (1.0, 1.0, False)])
+def test_synthetic_digits_are_recognised_by_a_held_out_model_above_chance(prior_sd, kl_weight, above_chance):
     """Synthetic digits decoded from the final psi, prototypes and sigma are recognised above chance.
 
     One client holding every digit trains FedVTC with the shipped CPU settings; a classifier trained
-    only on the held-out global test digits (never seen by FedVTC) scores 20 digits per class.
+    only on the held-out global test digits (never seen by FedVTC) scores 20 digits per class. With
+    the paper's unit prior (``prior_sd=1``: sigma = 1 noise swamps features of size ~0.1) the VTC
+    collapses to the mean digit and the same check scores chance (the second case).
     """
     from fedhet.algorithms import ALGORITHMS
     from fedhet.data import DirichletPartitioner
@@ -327,7 +324,8 @@ def test_synthetic_digits_are_recognised_by_a_held_out_model_above_chance():
     scenario = tiny_label_skew(num_clients=1, partitioner=DirichletPartitioner(beta=100.0, min_size=1))
     scenario.setup()
     algorithm = ALGORITHMS["fedvtc"](
-        element_reduction="mean", vtc_lr=0.1, lr=0.05, momentum=0.9, finetune_rounds=1, finetune_epochs=1
+        element_reduction="mean", vtc_lr=0.1, lr=0.05, momentum=0.9, finetune_rounds=1, finetune_epochs=1,
+        prior_sd=prior_sd, kl_weight=kl_weight, max_grad_norm=5.0,
     )
     trainer = TrainerTemplate(max_epochs=2, accelerator="cpu")
     loop = FederationLoop(algorithm, scenario, ["cnn_tiny"], trainer, rounds=4, seed=0)
@@ -353,4 +351,8 @@ def test_synthetic_digits_are_recognised_by_a_held_out_model_above_chance():
     held_out.eval()
     with torch.no_grad():
         recognised = (held_out(images).argmax(1) == labels).float().mean().item()
-    assert recognised > 0.25, f"only {recognised:.0%} of the synthetic digits recognised (chance 10%)"
+    print(f"recognised {recognised:.3f}")
+    if above_chance:
+        assert recognised > 0.4, f"only {recognised:.0%} of the synthetic digits recognised (chance 10%)"
+    else:
+        assert recognised < 0.2, f"{recognised:.0%} recognised: the unit prior no longer collapses the VTC"
