@@ -321,7 +321,9 @@ def write_page(results: dict[str, Any], images: dict[str, Any] | None, seeds: li
         "holding every digit trains a VTC whose digits a held-out model recognises (a test). In this federation "
         "(10 clients of five different extractors, Dir(0.1), a few dozen VTC steps per client between its single "
         "average) the averaged psi still decodes no class (the recognition rates above): in eval mode it emits "
-        "nearly the same image for every latent. Fine-tuning every weight and the BatchNorm statistics on such "
+        "nearly the same image for every latent. One client alone decodes classes at this budget, two IID clients "
+        "do not: each decoder reads its own extractor's features, which the weak prototype pull leaves unaligned, "
+        "and their average reads neither. Fine-tuning every weight and the BatchNorm statistics on such "
         "images for 5 rounds erases what the local models learned, so accuracy falls when fine-tuning starts "
         "instead of jumping. See [docs/fedvtc.md](../fedvtc.md#still-open-the-federated-vtc-does-not-decode-"
         "classes-at-cpu-budgets) for what was tried.",

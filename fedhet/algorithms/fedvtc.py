@@ -49,6 +49,12 @@ Deviations and resolutions (spec section 8):
   every upload reveals anyway) to send round-1 prototypes; they are not counted as traffic.
 - the synthetic set is drawn once per client (at its first fine-tuning step, from that step's
   seed, kept in the client's state) and reused in every fine-tuning round.
+- ``prior_sd`` and ``kl_weight`` (defaults 1: the paper). The KL is ``kl_weight * KL(N(z, sigma^2)
+  || N(c^y, prior_sd^2 I))``, and ``sigma`` starts at ``prior_sd``. The CPU configs set 0.1 and
+  0.01. This keeps the paper's pull of ``g(x)`` to ``c^y`` and holds ``sigma`` at the small
+  extractors' feature scale (~0.1), instead of Table 5's 1. Without it the VTC collapses to the
+  mean digit: posterior collapse, see docs/fedvtc.md. A deviation.
+- ``max_grad_norm`` clips the local rounds' steps, not the fine-tuning.
 """
 
 from __future__ import annotations
