@@ -49,11 +49,18 @@ Deviations and resolutions (spec section 8):
   every upload reveals anyway) to send round-1 prototypes; they are not counted as traffic.
 - the synthetic set is drawn once per client (at its first fine-tuning step, from that step's
   seed, kept in the client's state) and reused in every fine-tuning round.
+- ``prior_sd`` and ``kl_weight`` (defaults 1: the paper). The KL is ``kl_weight * KL(N(z, sigma^2)
+  || N(c^y, prior_sd^2 I))``, and ``sigma`` starts at ``prior_sd``. The CPU configs set 0.1 and
+  0.01. This keeps the paper's pull of ``g(x)`` to ``c^y`` and holds ``sigma`` at the small
+  extractors' feature scale (~0.1), instead of Table 5's 1. Without it the VTC collapses to the
+  mean digit: posterior collapse, see docs/fedvtc.md. A deviation.
+- ``max_grad_norm`` clips the local rounds' steps, not the fine-tuning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -139,14 +146,14 @@ class LatentPrior(nn.Module):
     """A client's VAE latent state: ``log sigma_k`` (trained) and the prototypes it received.
 
     Attributes:
-        log_sigma: ``[p]`` log of the client's SD vector (``sigma = 1`` at start).
+        log_sigma: ``[p]`` log of the client's SD vector (``sigma = prior_sd`` at start; 1 in Table 5).
         prototypes: ``[C, p]`` the global prototypes last received (zeros before any).
         synthetic_seed: seed of the client's synthetic set (``-1``: not drawn yet).
     """
 
-    def __init__(self, num_classes: int, latent_dim: int) -> None:
+    def __init__(self, num_classes: int, latent_dim: int, prior_sd: float = 1.0) -> None:
         super().__init__()
-        self.log_sigma = nn.Parameter(torch.zeros(latent_dim))
+        self.log_sigma = nn.Parameter(torch.full((latent_dim,), math.log(prior_sd)))
         self.register_buffer("prototypes", torch.zeros(num_classes, latent_dim))
         self.register_buffer("synthetic_seed", torch.tensor(-1, dtype=torch.long))
 
@@ -194,6 +201,8 @@ class FedVTCClient(ClientModule):
         pixel_mean: per-channel normalisation mean of the scenario.
         pixel_std: per-channel normalisation SD of the scenario.
         dm_weight: lambda, weight of the distribution-matching loss (0: the ``L_e`` variant).
+        prior_sd: ``tau``, SD of the class prior ``N(c^y, tau^2 I)`` and the initial ``sigma_k`` (1: the paper).
+        kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO).
         reduction: ``"class_mean_sum"`` (Eq. 4-5) or ``"batch_mean"``.
         element_reduction: ``"sum"`` (Eq. 3-5) or ``"mean"`` over pixels and latent dimensions.
         vtc_lr: learning rate of ``psi_k`` and ``sigma_k`` (``None``: ``lr``, as Algorithm 1).
@@ -219,6 +228,8 @@ class FedVTCClient(ClientModule):
         pixel_mean: Sequence[float] = (0.0,),
         pixel_std: Sequence[float] = (1.0,),
         dm_weight: float = 0.1,
+        prior_sd: float = 1.0,
+        kl_weight: float = 1.0,
         reduction: Reduction = "class_mean_sum",
         element_reduction: ElementReduction = "sum",
         vtc_lr: float | None = None,
@@ -239,7 +250,9 @@ class FedVTCClient(ClientModule):
         self.max_grad_norm = max_grad_norm
         self.vtc = vtc
         latent_dim = int(torch.Size(vtc.latent_shape).numel())
-        self.latent = LatentPrior(num_classes, latent_dim)
+        self.prior_sd = prior_sd
+        self.kl_weight = kl_weight
+        self.latent = LatentPrior(num_classes, latent_dim, prior_sd)
         self.register_buffer("pixel_mean", torch.tensor(list(pixel_mean)).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(list(pixel_std)).view(1, -1, 1, 1), persistent=False)
         self.dm_weight = dm_weight
@@ -274,8 +287,8 @@ class FedVTCClient(ClientModule):
         generated = self.vtc(v)
         elements = self.element_reduction
         rc = reconstruction_error(generated, self.vtc_target(x), elements)
-        kl = gaussian_kl_to_prior(z, self.latent.log_sigma, prior, elements)
-        per_sample = rc + kl
+        kl = gaussian_kl_to_prior(z, self.latent.log_sigma, prior, elements, self.prior_sd)
+        per_sample = rc + self.kl_weight * kl
         terms = {"rc": rc, "kl": kl}
         if self.dm_weight != 0.0:
             features = self.model.forward_features(self.model_input(generated))
@@ -440,7 +453,7 @@ class FedVTCServer(ServerPhase):
             raise ConfigError("FedVTC's server needs FedVTC clients (no 'latent.prototypes' in the client state)")
         self.num_classes, latent_dim = latent["prototypes"].shape
         self.prototypes = torch.zeros(self.num_classes, latent_dim)
-        self.sigma = torch.ones(latent_dim)
+        self.sigma = latent["log_sigma"].detach().exp().clone()  # the clients' initial SD (prior_sd)
         self.vtc = clone_state(state_with_prefix(initial, "vtc."))
         self.rounds = context.rounds
         counts = context.label_counts
@@ -542,6 +555,12 @@ class FedVTC(Algorithm):
 
     Args:
         dm_weight: lambda, weight of the distribution-matching loss (0.1; 0 is ``L_e`` only).
+        prior_sd: ``tau``, SD per dimension of the class prior ``N(c^y, tau^2 I)``, which is also
+            the initial ``sigma`` (1: the paper's ``N(c^y, I)`` and Table 5's initial SD). Below 1 a
+            deviation: it matches the prior and the sampling noise to small extractors' feature
+            scale, without which the VTC collapses to the mean digit (see docs/fedvtc.md).
+        kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO; below 1 a
+            deviation, the beta-VAE remedy for posterior collapse).
         latent_channels: ``C0`` of the latent ``(C0, H/4, W/4)``, so ``p = C0 * (H/4)^2``
             (20 on MNIST: p = 980; 64 on CIFAR: 4096; 128 on Tiny-ImageNet: 32768).
         vtc_channels: output channels of the VTC's first three layers (Table 6: MNIST 16, 32, 32;
@@ -576,6 +595,8 @@ class FedVTC(Algorithm):
     def __init__(
         self,
         dm_weight: NonNegativeFloat = 0.1,
+        prior_sd: PositiveFloat = 1.0,
+        kl_weight: NonNegativeFloat = 1.0,
         latent_channels: PositiveInt = 20,
         vtc_channels: tuple[int, int, int] = (16, 32, 32),
         vtc_out_channels: PositiveInt | None = None,
@@ -599,6 +620,8 @@ class FedVTC(Algorithm):
         if len(vtc_channels) != 3 or min(vtc_channels) < 1:
             raise ConfigError(f"FedVTC: vtc_channels={vtc_channels} must be three positive channel counts")
         self.dm_weight = dm_weight
+        self.prior_sd = prior_sd
+        self.kl_weight = kl_weight
         self.latent_channels = latent_channels
         self.vtc_channels = tuple(int(c) for c in vtc_channels)
         self.vtc_out_channels = vtc_out_channels
@@ -643,6 +666,8 @@ class FedVTC(Algorithm):
             pixel_mean=data.mean if data is not None else (0.0,),
             pixel_std=data.std if data is not None else (1.0,),
             dm_weight=self.dm_weight,
+            prior_sd=self.prior_sd,
+            kl_weight=self.kl_weight,
             reduction=self.reduction,
             element_reduction=self.element_reduction,
             vtc_lr=self.vtc_lr,

@@ -8,6 +8,7 @@ class-normalised sums of Eq. 4-5 are one :func:`class_mean_sum` away.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -28,17 +29,23 @@ def reparameterize(z: Tensor, log_sigma: Tensor, noise: Tensor) -> Tensor:
 
 
 def gaussian_kl_to_prior(
-    z: Tensor, log_sigma: Tensor, prior_mean: Tensor, elements: ElementReduction = "sum"
+    z: Tensor,
+    log_sigma: Tensor,
+    prior_mean: Tensor,
+    elements: ElementReduction = "sum",
+    prior_sd: float = 1.0,
 ) -> Tensor:
-    """``KL(N(z, diag sigma^2) || N(c, I))`` per sample (Eq. 3), in closed form.
+    """``KL(N(z, diag sigma^2) || N(c, tau^2 I))`` per sample (Eq. 3 for ``tau = 1``), in closed form.
 
-    ``0.5 * (||z - c||^2 + sum_j (sigma_j^2 - 1 - log sigma_j^2))``.
+    ``0.5 * (||z - c||^2 / tau^2 + sum_j (sigma_j^2 / tau^2 - 1 - log(sigma_j^2 / tau^2)))``.
 
     Args:
         z: ``[B, p]`` posterior means (the features ``g(x)``).
         log_sigma: ``[p]`` log posterior SDs, shared by all samples.
         prior_mean: ``[B, p]`` the prototype of each sample's class.
         elements: ``"sum"`` over the ``p`` dimensions (Eq. 3) or their ``"mean"`` (spec 9.1 opt-in).
+        prior_sd: ``tau``, the prior's SD per dimension (1 in the paper: ``N(c^y, I)``). A value
+            matched to the features' scale keeps the sampling noise from swamping them.
 
     Returns:
         ``[B]`` KL divergences.
@@ -46,9 +53,13 @@ def gaussian_kl_to_prior(
     Example:
         >>> gaussian_kl_to_prior(torch.tensor([[1.0, 0.0]]), torch.zeros(2), torch.zeros(1, 2))
         tensor([0.5000])
+        >>> half = torch.log(torch.full((2,), 0.5))
+        >>> gaussian_kl_to_prior(torch.tensor([[1.0, 0.0]]), half, torch.zeros(1, 2), prior_sd=0.5)
+        tensor([2.])
     """
-    variance_term = (torch.exp(2.0 * log_sigma) - 1.0 - 2.0 * log_sigma).sum()
-    kl = 0.5 * ((z - prior_mean).pow(2).sum(1) + variance_term)
+    log_ratio = 2.0 * (log_sigma - math.log(prior_sd))  # log(sigma^2 / tau^2)
+    variance_term = (torch.exp(log_ratio) - 1.0 - log_ratio).sum()
+    kl = 0.5 * ((z - prior_mean).pow(2).sum(1) / prior_sd**2 + variance_term)
     return kl / z.shape[1] if elements == "mean" else kl
 
 

@@ -306,51 +306,65 @@ def test_resume_in_the_middle_of_fine_tuning_equals_the_uninterrupted_run():
     assert summary["comm"] == first.summary()["comm"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known negative result: at a unit-test budget (a few hundred SGD steps) the VTC collapses to the "
-    "mean digit (posterior collapse: sigma = 1 noise swamps the features), so its digits are recognised at "
-    "chance; see docs/fedvtc.md and docs/results/fedvtc_mnist.md. Strict: passing flags the change.",
-)
-def test_synthetic_digits_are_recognised_by_a_held_out_model_above_chance():
+@pytest.mark.parametrize("prior_sd, kl_weight, above_chance", [(0.1, 0.01, True), (1.0, 1.0, False)])
+def test_synthetic_digits_are_recognised_by_a_held_out_model_above_chance(prior_sd, kl_weight, above_chance):
     """Synthetic digits decoded from the final psi, prototypes and sigma are recognised above chance.
 
     One client holding every digit trains FedVTC with the shipped CPU settings; a classifier trained
-    only on the held-out global test digits (never seen by FedVTC) scores 20 digits per class.
+    only on the held-out global test digits (never seen by FedVTC) scores 20 digits per class. With
+    the paper's unit prior (``prior_sd=1``: sigma = 1 noise swamps features of size ~0.1) the VTC
+    collapses to the mean digit and the same check scores chance (the second case).
     """
     from fedhet.algorithms import ALGORITHMS
-    from fedhet.data import DirichletPartitioner
+    from fedhet.data import DirichletPartitioner, LabelSkewScenario
     from fedhet.federation import FederationLoop
     from fedhet.functional.vtc import reparameterize
-    from tests.conftest import tiny_label_skew
 
-    scenario = tiny_label_skew(num_clients=1, partitioner=DirichletPartitioner(beta=100.0, min_size=1))
+    scenario = LabelSkewScenario(  # all 4,000 training digits on one client; the 1,000 test digits held out
+        dataset="mnist_all",
+        num_clients=1,
+        partitioner=DirichletPartitioner(beta=100.0, min_size=1),
+        pool_train_test=False,
+        global_test_size=None,
+        global_val_size=100,
+        image_size=28,
+        batch_size=16,
+        seed=0,
+    )
     scenario.setup()
     algorithm = ALGORITHMS["fedvtc"](
-        element_reduction="mean", vtc_lr=0.1, lr=0.05, momentum=0.9, finetune_rounds=1, finetune_epochs=1
+        vtc_out_channels=1, element_reduction="mean", vtc_lr=0.1, lr=0.05, momentum=0.9, max_grad_norm=5.0,
+        finetune_rounds=1, finetune_epochs=1, prior_sd=prior_sd, kl_weight=kl_weight,
     )
-    trainer = TrainerTemplate(max_epochs=2, accelerator="cpu")
-    loop = FederationLoop(algorithm, scenario, ["cnn_tiny"], trainer, rounds=4, seed=0)
+    trainer = TrainerTemplate(max_steps=200, accelerator="cpu")  # 3 rounds x 200 steps, then psi and fine-tuning
+    loop = FederationLoop(algorithm, scenario, ["simple_cnn"], trainer, rounds=3, seed=0)
     loop.run()
     server = loop.server
     decoder = algorithm.build_vtc()
-    decoder.load_state_dict(server.vtc)
+    decoder.load_state_dict(server.vtc)  # the averaged psi of the final broadcast
     decoder.eval()
     labels = torch.arange(10).repeat_interleave(20)
     noise = torch.randn(len(labels), server.prototypes.shape[1], generator=torch.Generator().manual_seed(0))
-    client = loop.runtime.module("cnn_tiny")
+    client = loop.runtime.module("simple_cnn")
     with torch.no_grad():
         images = client.model_input(decoder(reparameterize(server.prototypes[labels], server.sigma.log(), noise)))
     test = next(iter(scenario.eval_sets("test").values()))
     x, y = (torch.cat(t) for t in zip(*scenario.eval_loader(test), strict=True))
-    held_out = create_model("cnn_tiny", num_classes=10, in_channels=3, seed=1)
-    optimizer = torch.optim.Adam(held_out.parameters(), lr=0.01)
-    torch.manual_seed(0)
-    for _ in range(60):
-        optimizer.zero_grad()
-        F.cross_entropy(held_out(x), y).backward()
-        optimizer.step()
+    held_out = create_model("simple_cnn", num_classes=10, in_channels=3, seed=1)
+    optimizer = torch.optim.Adam(held_out.parameters(), lr=0.003)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        order = torch.randperm(len(x), generator=generator)
+        for start in range(0, len(x), 50):
+            index = order[start : start + 50]
+            optimizer.zero_grad()
+            F.cross_entropy(held_out(x[index]), y[index]).backward()
+            optimizer.step()
     held_out.eval()
     with torch.no_grad():
         recognised = (held_out(images).argmax(1) == labels).float().mean().item()
-    assert recognised > 0.25, f"only {recognised:.0%} of the synthetic digits recognised (chance 10%)"
+    print(f"recognised {recognised:.3f}")
+    if above_chance:
+        assert recognised > 0.4, f"only {recognised:.0%} of the synthetic digits recognised (chance 10%)"
+    else:
+        assert recognised < 0.2, f"{recognised:.0%} recognised: the unit prior no longer collapses the VTC"
