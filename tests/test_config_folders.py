@@ -24,6 +24,10 @@ FOLDERS = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "pap
 #: Declared differences: folder -> config -> {key: reason}.
 FEDVTC_ROUNDS = "FedVTC's own fine-tuning phase is the 5 extra full-participation rounds the baselines get"
 FEDVTC_LATENT = "FedVTC's own latent layer gives p = 980; the baselines reach p = 980 through the feature neck"
+FEDVTC_CLIP = (
+    "FedVTC optimises manually (its VTC and model steps), where Lightning's gradient_clip_val does not apply; "
+    "it clips at the same norm 5 through its own max_grad_norm"
+)
 FEDPROX_PAPER = (
     "FedProx's Synthetic(1,1) reproduction (30 devices, 200 rounds, 20 epochs); the other config is a "
     "10,000-client scale demo, not a row of the same comparison"
@@ -37,7 +41,11 @@ ALLOWED: dict[str, dict[str, dict[str, str]]] = {
         },
     },
     "mnist_vtc": {
-        name: {"federation.extra_rounds": FEDVTC_ROUNDS, "feature_dim[feature-exchanging methods]": FEDVTC_LATENT}
+        name: {
+            "federation.extra_rounds": FEDVTC_ROUNDS,
+            "feature_dim[feature-exchanging methods]": FEDVTC_LATENT,
+            "trainer.gradient_clip_val": FEDVTC_CLIP,
+        }
         for name in ("fedvtc.yaml", "fedvtc_e.yaml")
     },
     "synthetic": {
