@@ -34,10 +34,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, OptimizerName, ServerPhase
+from fedhet.algorithms.base import Algorithm, Capabilities, ClientModule, OptimizerName, ServerPhase
 from fedhet.algorithms.common import ClassMeanRegularizedClient, ClassMeanServer, Weighting
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.functional import logit_cross_entropy
@@ -78,18 +77,10 @@ class FDClient(ClassMeanRegularizedClient):
         logits = self.model(x)
         return logits, logits
 
-    def local_loss(self, batch: Batch) -> Tensor:
-        if self.distillation == "mse":
-            return super().local_loss(batch)
-        x, y = batch
-        logits = self.model(x)
-        loss = F.cross_entropy(logits, y)
-        if self.global_means is not None and self.global_present is not None:
-            known = self.global_present.to(y.device)[y]
-            if bool(known.any()):
-                targets = self.global_means.to(logits.device)[y[known]]
-                loss = loss + self.lam * logit_cross_entropy(logits[known], targets)
-        return loss
+    def regulariser(self, statistic: Tensor, targets: Tensor) -> Tensor:
+        if self.distillation == "ce":
+            return logit_cross_entropy(statistic, targets)
+        return super().regulariser(statistic, targets)
 
 
 class FD(Algorithm):
