@@ -86,6 +86,10 @@ class FederationSettings:
         target_accuracy: metrics and target percentages, e.g. ``{acc_server: [75, 80]}``: the summary's
             ``rounds_to_target`` gives the first round each reached its target (``null`` if never;
             FedFTG's Table 2).
+        eval_after_local_training: also score every client's model as its last local training
+            left it, before the next download (``pre/`` metrics beside the usual ones): the FCCL+
+            authors' scoring of homogeneous FedAvg-family clients, where the usual score is the
+            global model's.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class FederationSettings:
         download_noise: PayloadNoise | None = None,
         target_accuracy: dict[str, float | list[float]] | None = None,
         lr_schedule: LRSchedule | None = None,
+        eval_after_local_training: bool = False,
     ) -> None:
         self.participation = participation
         self.eval_every = eval_every
@@ -119,6 +124,7 @@ class FederationSettings:
         self.download_noise = download_noise
         self.target_accuracy = target_accuracy
         self.lr_schedule = lr_schedule
+        self.eval_after_local_training = eval_after_local_training
 
 
 # ------------------------------------------------------------------------------ parsing
@@ -586,6 +592,7 @@ class Experiment:
             download_noise=federation.download_noise,
             target_accuracy=federation.target_accuracy,
             lr_schedule=federation.lr_schedule,
+            eval_after_local_training=federation.eval_after_local_training,
             feature_dim=self.config.feature_dim,
             family_name=self.family_name,
         )

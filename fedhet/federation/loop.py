@@ -151,6 +151,9 @@ class FederationLoop:
             client received, or the upload itself when there is none) exceeds this multiple of
             the round's median, naming the sender, so a poisoned upload is caught where it
             enters (``None``: no bound).
+        eval_after_local_training: also evaluate every client's model as its last local training
+            left it (``pre/`` metrics) where the method scores clients after the download, e.g.
+            FedAvg's global model: the FCCL+ authors score homogeneous clients this way.
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class FederationLoop:
         upload_norm_bound: float | None = None,
         target_accuracy: Mapping[str, float | Sequence[float]] | None = None,
         lr_schedule: LRSchedule | None = None,
+        eval_after_local_training: bool = False,
     ) -> None:
         if rounds < 1:
             raise ConfigError(f"rounds={rounds}: run at least one round")
@@ -207,6 +211,7 @@ class FederationLoop:
         self.download_noise = download_noise
         self.eval_clients = eval_clients
         self.extra_rounds = extra_rounds
+        self.eval_after_local_training = eval_after_local_training
         if on_invalid_upload not in ("fail", "drop"):
             raise ConfigError(f"federation.on_invalid_upload={on_invalid_upload!r}: use 'fail' or 'drop'")
         if upload_norm_bound is not None and upload_norm_bound <= 1.0:
@@ -498,7 +503,7 @@ class FederationLoop:
         Client models are evaluated with the download they would receive next (the download the
         server holds after step ``r`` is the one clients receive in step ``r + 1``).
         """
-        targets = self.algorithm.evaluation
+        targets = self.evaluation_targets
         metrics: dict[str, float] = {}
         clients = self.clients_to_evaluate(round_idx)
         if "clients" in targets:
@@ -512,6 +517,14 @@ class FederationLoop:
             metrics.update(self._evaluate_server(self.virtual_global_models()))
         metrics["eval/clients"] = float(len(clients))
         return metrics
+
+    @property
+    def evaluation_targets(self) -> tuple[str, ...]:
+        """The method's targets, plus the clients before the download when asked (``pre/`` metrics)."""
+        targets = tuple(self.algorithm.evaluation)
+        if self.eval_after_local_training and "clients_before_download" not in targets:
+            targets += ("clients_before_download",)
+        return targets
 
     def _evaluate_clients(
         self, round_idx: int, clients: list[int], apply_download: bool, prefix: str

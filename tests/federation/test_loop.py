@@ -207,3 +207,30 @@ def test_trainable_server_phase_is_fitted_each_round():
     assert loop.history[0]["server/steps"] == batches
     assert loop.history[1]["server/steps"] == 2 * batches
     assert summary["comm"]["bytes_down"] > 0 and math.isfinite(summary["final"]["acc_intra"])
+
+
+def test_eval_after_local_training_adds_the_clients_own_scores_without_changing_the_run():
+    """``pre/`` metrics score each client as its local training left it; the usual metrics stay bitwise.
+
+    Local clients receive no download, so both scores are the same model's and must be equal;
+    FedAvg's usual score is the global model's, which differs from the clients' own.
+    """
+    local = _loop(Local(lr=0.05), rounds=2, eval_after_local_training=True)
+    record = local.run() and local.history[-1]
+    plain = {k: v for k, v in record.items() if k.startswith(("acc_", "val/acc_"))}
+    assert plain
+    for key, value in plain.items():
+        pre_key = f"pre/{key}" if not key.startswith("val/") else f"val/pre/{key[4:]}"
+        assert record[pre_key] == value
+
+    homogeneous = ["cnn_tiny"] * 3
+    with_pre = _loop(FedAvg(lr=0.05), rounds=2, architectures=homogeneous, eval_after_local_training=True)
+    without = _loop(FedAvg(lr=0.05), rounds=2, architectures=homogeneous)
+    with_pre.run()
+    without.run()
+    last, reference = with_pre.history[-1], without.history[-1]
+    assert not any(k.startswith(("pre/", "val/pre/")) for k in reference)
+    for key, value in reference.items():
+        if key.startswith(("acc_", "domain/", "val/")):
+            assert last[key] == value, key
+    assert any(last[f"pre/{k}"] != reference[k] for k in reference if k.startswith("acc_"))
