@@ -259,6 +259,15 @@ def report(results: dict[str, Any], setting: str, runs: list[Run], root: Path) -
         f"(seeds {', '.join(map(str, seeds))}); numbers are the mean ± std over seeds of the mean over the "
         "last 3 rounds, as the paper reports. Flags of this setting: `" + " ".join(SETTINGS[setting]) + "`.",
         "",
+        "Every row runs from its config in `configs/experiments/digits/` with one protocol (issue 15): "
+        "local optimizer Adam 1e-3, weight decay 1e-5, a new one each round; the platform's "
+        "`federation.lr_schedule: {kind: linear, final_fraction: 0.1}` on every method's local and "
+        "public-phase rates (the authors' shared loop; the `*_no_lr_decay` rows turn it off); the "
+        "paper's client roles (`cpu4`: ResNet10-tiny on MNIST, ResNet12-tiny on the 80-image UCI "
+        "client, MobileNetV2-tiny on MNIST-M, SimpleCNN on SYN); FNTD/KD teachers in train mode, as "
+        "the authors' code; homogeneous FCCL+ clients from one synchronised initial model, and "
+        "homogeneous rows scored after local training (the authors' scoring).",
+        "",
         "## Inter-domain accuracy (Tab. VIII layout; X→ is the model of domain X on the other domains)",
         "",
         *_domain_table(results, list(HETEROGENEOUS), "inter", "→"),
