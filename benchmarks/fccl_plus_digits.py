@@ -136,10 +136,13 @@ HOMOGENEOUS = {
     "fedproc": ("configs/experiments/digits/fedproc.yaml", AFTER_LOCAL),
     "fedrs": ("configs/experiments/digits/fedrs.yaml", AFTER_LOCAL),
     "fccl_plus_homo": (FCCL_PLUS_HOMO, AFTER_LOCAL),
-    # diagnostic of the homogeneous SYN result: FCCM alone between FedAvg and local CE training
-    # (no FISL, no distillation) should score like FedAvg after local training
+    # diagnostics of the homogeneous SYN result: FCCM alone between FedAvg and local CE training
+    # (no FISL, no distillation) should score like FedAvg after local training; BASE with the
+    # homogeneous models says what ResNet12-tiny reaches on each domain alone
     "fccm_homo_no_fisl_no_fntd": (FCCL_PLUS_HOMO, AFTER_LOCAL + (
         "--method.init_args.use_fisl=false", "--method.init_args.local_distillation=none")),
+    "local_homo": ("configs/experiments/digits/local.yaml", AFTER_LOCAL + BASE_OPTIMIZER + (
+        "--federation.persist_optimizer_state=false", "--models=cpu_homo")),
 }
 
 
