@@ -54,7 +54,12 @@ Deviations and resolutions (spec section 8):
   0.01. This keeps the paper's pull of ``g(x)`` to ``c^y`` and holds ``sigma`` at the small
   extractors' feature scale (~0.1), instead of Table 5's 1. Without it the VTC collapses to the
   mean digit: posterior collapse, see docs/fedvtc.md. A deviation.
-- ``max_grad_norm`` clips the local rounds' steps, not the fine-tuning.
+- ``max_grad_norm`` clips every step: the local rounds' alternating steps and the fine-tuning's.
+- opt-in deviations against the federated VTC's failure at CPU budgets (docs/fedvtc.md, all off
+  by default): ``initial_prototype_sd`` (seeded class anchors instead of Table 5's zero
+  prototypes), ``kl_warmup_rounds`` (the KL off in the first rounds), ``synthetic_bn="batch"``
+  (decode the synthetic set with its own BatchNorm statistics instead of the averaged running
+  ones) and ``finetune_lr`` (a fine-tuning rate other than the rounds' eta).
 """
 
 from __future__ import annotations
@@ -250,6 +255,9 @@ class FedVTCClient(ClientModule):
         dm_weight: lambda, weight of the distribution-matching loss (0: the ``L_e`` variant).
         prior_sd: ``tau``, SD of the class prior ``N(c^y, tau^2 I)`` and the initial ``sigma_k`` (1: the paper).
         kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO).
+        kl_warmup_rounds: first federated rounds with the KL off (0: the paper).
+        initial_prototype_sd: SD of the seeded initial prototypes (0: Table 5's zeros).
+        prototype_seed: seed of those anchors (the same on every client).
         reduction: ``"class_mean_sum"`` (Eq. 4-5) or ``"batch_mean"``.
         element_reduction: ``"sum"`` (Eq. 3-5) or ``"mean"`` over pixels and latent dimensions.
         vtc_lr: learning rate of ``psi_k`` and ``sigma_k`` (``None``: ``lr``, as Algorithm 1).
@@ -258,7 +266,10 @@ class FedVTCClient(ClientModule):
         finetune_mode: ``"epochs"`` or ``"literal_fullbatch"`` (see the module docstring).
         finetune_epochs: epochs per fine-tuning round in ``"epochs"`` mode.
         finetune_batch_size: mini-batch size of fine-tuning.
-        max_grad_norm: clip each alternating step's gradient to this norm (``None``: off, the paper).
+        finetune_lr: learning rate of fine-tuning (``None``: ``lr``).
+        synthetic_bn: ``"running"`` or ``"batch"`` BatchNorm statistics when decoding the synthetic set.
+        max_grad_norm: clip each alternating step's and each fine-tuning step's gradient to this norm
+            (``None``: off, the paper).
         optimizer: optimizer of every step (SGD in Algorithm 1).
         lr: eta, shared by ``f_k``, ``psi_k`` and ``sigma_k``.
         momentum: SGD momentum.
@@ -288,6 +299,7 @@ class FedVTCClient(ClientModule):
         finetune_mode: FinetuneMode = "epochs",
         finetune_epochs: int = 5,
         finetune_batch_size: int = 16,
+        finetune_lr: float | None = None,
         synthetic_bn: SyntheticBN = "running",
         max_grad_norm: float | None = None,
         optimizer: OptimizerName = "sgd",
@@ -317,6 +329,7 @@ class FedVTCClient(ClientModule):
         self.finetune_mode: FinetuneMode = finetune_mode
         self.finetune_epochs = finetune_epochs
         self.finetune_batch_size = finetune_batch_size
+        self.finetune_lr = finetune_lr
         self.synthetic_bn: SyntheticBN = synthetic_bn
         self.last_terms: dict[str, float] = {}
 
@@ -373,9 +386,10 @@ class FedVTCClient(ClientModule):
 
     def configure_optimizers(self) -> Any:
         kwargs = {"name": self.optimizer_name, "lr": self.lr, "momentum": self.momentum}
-        model = build_optimizer(self.model.parameters(), weight_decay=self.weight_decay, **kwargs)
         if self.stage == FINETUNE:
-            return model
+            kwargs["lr"] = self.finetune_lr if self.finetune_lr is not None else self.lr
+            return build_optimizer(self.model.parameters(), weight_decay=self.weight_decay, **kwargs)
+        model = build_optimizer(self.model.parameters(), weight_decay=self.weight_decay, **kwargs)
         kwargs["lr"] = self.vtc_lr if self.vtc_lr is not None else self.lr
         vtc = build_optimizer([*self.vtc.parameters(), self.latent.log_sigma], weight_decay=0.0, **kwargs)
         return [model, vtc]
@@ -626,6 +640,13 @@ class FedVTC(Algorithm):
             scale, without which the VTC collapses to the mean digit (see docs/fedvtc.md).
         kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO; below 1 a
             deviation, the beta-VAE remedy for posterior collapse).
+        kl_warmup_rounds: federated rounds at the start with the KL switched off (0: the paper), so
+            that the first prototypes come from class-distinct features rather than from features
+            pulled onto the zero initial prototypes (a deviation when set).
+        initial_prototype_sd: SD of seeded class anchors ``N(0, sd^2 I)`` used as the global
+            prototypes before any upload (0: Table 5's zeros). The same anchors on every client and
+            the server give every extractor one class-distinct target from the first step (a
+            deviation when set; see docs/fedvtc.md).
         latent_channels: ``C0`` of the latent ``(C0, H/4, W/4)``, so ``p = C0 * (H/4)^2``
             (20 on MNIST: p = 980; 64 on CIFAR: 4096; 128 on Tiny-ImageNet: 32768).
         vtc_channels: output channels of the VTC's first three layers (Table 6: MNIST 16, 32, 32;
@@ -645,8 +666,13 @@ class FedVTC(Algorithm):
             ``"literal_fullbatch"`` (one full-batch step per round, Algorithm 1 literally).
         finetune_epochs: epochs per fine-tuning round (E = 5 in the paper).
         finetune_batch_size: fine-tuning mini-batch size (16).
-        max_grad_norm: clip the gradient of each alternating step (``None``: off, as in the paper;
-            an opt-in guard against the loss-scale imbalance of spec 9.1).
+        finetune_lr: learning rate of the fine-tuning (``None``: ``lr``, Algorithm 1's single eta; a
+            deviation when set).
+        synthetic_bn: BatchNorm statistics the global VTC decodes the synthetic set with:
+            ``"running"`` (its averaged running statistics, eval mode as spec 8 #9) or ``"batch"``
+            (the synthetic latents' own statistics; a deviation, see :func:`decode_latents`).
+        max_grad_norm: clip the gradient of each alternating step and of each fine-tuning step
+            (``None``: off, as in the paper; an opt-in guard against the loss-scale imbalance of spec 9.1).
         optimizer: SGD in Algorithm 1.
         lr: eta (1e-4 on MNIST, 0.01 on CIFAR and Tiny-ImageNet).
         momentum: SGD momentum (none in the paper).
@@ -677,6 +703,7 @@ class FedVTC(Algorithm):
         finetune_mode: FinetuneMode = "epochs",
         finetune_epochs: PositiveInt = 5,
         finetune_batch_size: PositiveInt = 16,
+        finetune_lr: PositiveFloat | None = None,
         synthetic_bn: SyntheticBN = "running",
         max_grad_norm: PositiveFloat | None = None,
         optimizer: OptimizerName = "sgd",
@@ -705,6 +732,7 @@ class FedVTC(Algorithm):
         self.finetune_mode: FinetuneMode = finetune_mode
         self.finetune_epochs = finetune_epochs
         self.finetune_batch_size = finetune_batch_size
+        self.finetune_lr = finetune_lr
         self.synthetic_bn: SyntheticBN = synthetic_bn
         self.max_grad_norm = max_grad_norm
 
@@ -750,6 +778,7 @@ class FedVTC(Algorithm):
             finetune_mode=self.finetune_mode,
             finetune_epochs=self.finetune_epochs,
             finetune_batch_size=self.finetune_batch_size,
+            finetune_lr=self.finetune_lr,
             synthetic_bn=self.synthetic_bn,
             max_grad_norm=self.max_grad_norm,
             **self.optimizer_kwargs(),

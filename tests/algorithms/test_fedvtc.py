@@ -137,6 +137,17 @@ def test_fine_tuning_clips_the_gradient_to_max_grad_norm():
     assert norm() == pytest.approx(before)
 
 
+@pytest.mark.parametrize("finetune_lr, expected", [(None, 0.05), (0.005, 0.005)])
+def test_fine_tuning_steps_at_finetune_lr_or_the_rounds_lr(finetune_lr, expected):
+    """finetune_lr=None keeps Algorithm 1's single eta (lr 0.05); set, only the fine-tuning optimizer uses it."""
+    client = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), lr=0.05, finetune_lr=finetune_lr)  # type: ignore[arg-type]
+    client.stage = FINETUNE
+    assert client.configure_optimizers().param_groups[0]["lr"] == expected
+    client.stage = "local"
+    model_optimizer, vtc_optimizer = client.configure_optimizers()
+    assert model_optimizer.param_groups[0]["lr"] == vtc_optimizer.param_groups[0]["lr"] == 0.05
+
+
 def test_synthetic_batch_norm_uses_the_statistics_of_the_decoded_latents():
     """synthetic_bn="batch" normalises with the synthetic latents' own statistics, whatever the running ones say.
 
