@@ -54,11 +54,17 @@ Deviations and resolutions (spec section 8):
   0.01. This keeps the paper's pull of ``g(x)`` to ``c^y`` and holds ``sigma`` at the small
   extractors' feature scale (~0.1), instead of Table 5's 1. Without it the VTC collapses to the
   mean digit: posterior collapse, see docs/fedvtc.md. A deviation.
-- ``max_grad_norm`` clips the local rounds' steps, not the fine-tuning.
+- ``max_grad_norm`` clips every step: the local rounds' alternating steps and the fine-tuning's.
+- opt-in deviations against the federated VTC's failure at CPU budgets (docs/fedvtc.md, all off
+  by default): ``initial_prototype_sd`` (seeded class anchors instead of Table 5's zero
+  prototypes), ``kl_warmup_rounds`` (the KL off in the first rounds), ``synthetic_bn="batch"``
+  (decode the synthetic set with its own BatchNorm statistics instead of the averaged running
+  ones) and ``finetune_lr`` (a fine-tuning rate other than the rounds' eta).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -107,6 +113,7 @@ FINETUNE = "finetune"
 
 PsiSync = Literal["once", "every_round"]
 FinetuneMode = Literal["epochs", "literal_fullbatch"]
+SyntheticBN = Literal["running", "batch"]
 
 
 class VTCDecoder(nn.Module):
@@ -142,19 +149,64 @@ class VTCDecoder(nn.Module):
         return self.net(v.reshape(v.shape[0], *self.latent_shape))
 
 
+def initial_prototypes(num_classes: int, latent_dim: int, sd: float = 0.0, seed: int = 0) -> Tensor:
+    """The global prototypes before any upload: zeros (``sd = 0``, Table 5) or seeded anchors ``N(0, sd^2 I)``.
+
+    Every client and the server draw the same anchors (one seed). With zero prototypes the KL pulls
+    every feature towards the same point until the first uploads arrive, and those uploads come
+    from extractors that started from different initialisations, so the prototypes of round 1 are
+    averages over unaligned feature spaces. Distinct anchors give the KL a common, class-distinct
+    target from the first step: every client's features of class ``y`` are pulled to the same
+    ``c^y``, whatever its architecture, which is what the averaged VTC needs to read them.
+    """
+    if sd == 0.0:
+        return torch.zeros(num_classes, latent_dim)
+    generator = torch.Generator().manual_seed(derive_seed(seed, "fedvtc-prototypes"))
+    return sd * torch.randn(num_classes, latent_dim, generator=generator)
+
+
+@torch.no_grad()
+def decode_latents(vtc: nn.Module, v: Tensor, batch_norm: SyntheticBN = "running") -> Tensor:
+    """Decode latents ``v`` with ``vtc`` in eval mode, its BatchNorm normalising with ``batch_norm`` statistics.
+
+    ``"running"`` (spec 8 #9): the running statistics the VTC carries (for the global VTC, the
+    average of the clients' running statistics). ``"batch"``: the statistics of ``v`` itself, the
+    whole synthetic set as one batch (a deviation). The clients' running statistics were measured
+    on their own features, so their average need not describe the prior samples the global VTC
+    decodes. ``vtc`` itself is left unchanged.
+    """
+    if batch_norm == "batch":
+        vtc = copy.deepcopy(vtc)
+        for module in vtc.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.reset_running_stats()
+                module.momentum = None  # cumulative average: exactly this batch's statistics
+        vtc.train()
+        vtc(v)
+    was_training = vtc.training
+    vtc.eval()
+    images = vtc(v)
+    vtc.train(was_training)
+    return images
+
+
 class LatentPrior(nn.Module):
     """A client's VAE latent state: ``log sigma_k`` (trained) and the prototypes it received.
 
     Attributes:
         log_sigma: ``[p]`` log of the client's SD vector (``sigma = prior_sd`` at start; 1 in Table 5).
-        prototypes: ``[C, p]`` the global prototypes last received (zeros before any).
+        prototypes: ``[C, p]`` the global prototypes last received (before any: ``initial_prototypes``,
+            zeros by default as in Table 5).
         synthetic_seed: seed of the client's synthetic set (``-1``: not drawn yet).
     """
 
-    def __init__(self, num_classes: int, latent_dim: int, prior_sd: float = 1.0) -> None:
+    def __init__(
+        self, num_classes: int, latent_dim: int, prior_sd: float = 1.0, initial_prototypes: Tensor | None = None
+    ) -> None:
         super().__init__()
         self.log_sigma = nn.Parameter(torch.full((latent_dim,), math.log(prior_sd)))
-        self.register_buffer("prototypes", torch.zeros(num_classes, latent_dim))
+        initial = torch.zeros(num_classes, latent_dim) if initial_prototypes is None else initial_prototypes.clone()
+        self.register_buffer("prototypes", initial)
         self.register_buffer("synthetic_seed", torch.tensor(-1, dtype=torch.long))
 
 
@@ -203,6 +255,9 @@ class FedVTCClient(ClientModule):
         dm_weight: lambda, weight of the distribution-matching loss (0: the ``L_e`` variant).
         prior_sd: ``tau``, SD of the class prior ``N(c^y, tau^2 I)`` and the initial ``sigma_k`` (1: the paper).
         kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO).
+        kl_warmup_rounds: first federated rounds with the KL off (0: the paper).
+        initial_prototype_sd: SD of the seeded initial prototypes (0: Table 5's zeros).
+        prototype_seed: seed of those anchors (the same on every client).
         reduction: ``"class_mean_sum"`` (Eq. 4-5) or ``"batch_mean"``.
         element_reduction: ``"sum"`` (Eq. 3-5) or ``"mean"`` over pixels and latent dimensions.
         vtc_lr: learning rate of ``psi_k`` and ``sigma_k`` (``None``: ``lr``, as Algorithm 1).
@@ -211,7 +266,10 @@ class FedVTCClient(ClientModule):
         finetune_mode: ``"epochs"`` or ``"literal_fullbatch"`` (see the module docstring).
         finetune_epochs: epochs per fine-tuning round in ``"epochs"`` mode.
         finetune_batch_size: mini-batch size of fine-tuning.
-        max_grad_norm: clip each alternating step's gradient to this norm (``None``: off, the paper).
+        finetune_lr: learning rate of fine-tuning (``None``: ``lr``).
+        synthetic_bn: ``"running"`` or ``"batch"`` BatchNorm statistics when decoding the synthetic set.
+        max_grad_norm: clip each alternating step's and each fine-tuning step's gradient to this norm
+            (``None``: off, the paper).
         optimizer: optimizer of every step (SGD in Algorithm 1).
         lr: eta, shared by ``f_k``, ``psi_k`` and ``sigma_k``.
         momentum: SGD momentum.
@@ -230,6 +288,9 @@ class FedVTCClient(ClientModule):
         dm_weight: float = 0.1,
         prior_sd: float = 1.0,
         kl_weight: float = 1.0,
+        kl_warmup_rounds: int = 0,
+        initial_prototype_sd: float = 0.0,
+        prototype_seed: int = 0,
         reduction: Reduction = "class_mean_sum",
         element_reduction: ElementReduction = "sum",
         vtc_lr: float | None = None,
@@ -238,6 +299,8 @@ class FedVTCClient(ClientModule):
         finetune_mode: FinetuneMode = "epochs",
         finetune_epochs: int = 5,
         finetune_batch_size: int = 16,
+        finetune_lr: float | None = None,
+        synthetic_bn: SyntheticBN = "running",
         max_grad_norm: float | None = None,
         optimizer: OptimizerName = "sgd",
         lr: float = 0.01,
@@ -252,7 +315,9 @@ class FedVTCClient(ClientModule):
         latent_dim = int(torch.Size(vtc.latent_shape).numel())
         self.prior_sd = prior_sd
         self.kl_weight = kl_weight
-        self.latent = LatentPrior(num_classes, latent_dim, prior_sd)
+        self.kl_warmup_rounds = kl_warmup_rounds
+        anchors = initial_prototypes(num_classes, latent_dim, initial_prototype_sd, prototype_seed)
+        self.latent = LatentPrior(num_classes, latent_dim, prior_sd, anchors)
         self.register_buffer("pixel_mean", torch.tensor(list(pixel_mean)).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(list(pixel_std)).view(1, -1, 1, 1), persistent=False)
         self.dm_weight = dm_weight
@@ -264,6 +329,8 @@ class FedVTCClient(ClientModule):
         self.finetune_mode: FinetuneMode = finetune_mode
         self.finetune_epochs = finetune_epochs
         self.finetune_batch_size = finetune_batch_size
+        self.finetune_lr = finetune_lr
+        self.synthetic_bn: SyntheticBN = synthetic_bn
         self.last_terms: dict[str, float] = {}
 
     # ------------------------------------------------------------------ pixels
@@ -288,7 +355,7 @@ class FedVTCClient(ClientModule):
         elements = self.element_reduction
         rc = reconstruction_error(generated, self.vtc_target(x), elements)
         kl = gaussian_kl_to_prior(z, self.latent.log_sigma, prior, elements, self.prior_sd)
-        per_sample = rc + self.kl_weight * kl
+        per_sample = rc + self.current_kl_weight() * kl
         terms = {"rc": rc, "kl": kl}
         if self.dm_weight != 0.0:
             features = self.model.forward_features(self.model_input(generated))
@@ -297,6 +364,15 @@ class FedVTCClient(ClientModule):
             terms["dm"] = dm
         self.last_terms = {k: float(class_mean_sum(t.detach(), y, self.reduction)) for k, t in terms.items()}
         return class_mean_sum(per_sample, y, self.reduction)
+
+    def current_kl_weight(self) -> float:
+        """Beta in this round: 0 in the first ``kl_warmup_rounds`` federated rounds, then ``kl_weight``.
+
+        The warm-up lets the classification loss make the features (and so the first uploaded
+        prototypes) class-distinct before the KL pulls every client's features onto the shared
+        prototypes; from the initial zero prototypes that pull collapses them instead.
+        """
+        return 0.0 if self.round_idx < self.kl_warmup_rounds else self.kl_weight
 
     # ------------------------------------------------------------------ Lightning hooks
     def local_stages(self) -> Sequence[LocalStage]:
@@ -310,9 +386,10 @@ class FedVTCClient(ClientModule):
 
     def configure_optimizers(self) -> Any:
         kwargs = {"name": self.optimizer_name, "lr": self.lr, "momentum": self.momentum}
-        model = build_optimizer(self.model.parameters(), weight_decay=self.weight_decay, **kwargs)
         if self.stage == FINETUNE:
-            return model
+            kwargs["lr"] = self.finetune_lr if self.finetune_lr is not None else self.lr
+            return build_optimizer(self.model.parameters(), weight_decay=self.weight_decay, **kwargs)
+        model = build_optimizer(self.model.parameters(), weight_decay=self.weight_decay, **kwargs)
         kwargs["lr"] = self.vtc_lr if self.vtc_lr is not None else self.lr
         vtc = build_optimizer([*self.vtc.parameters(), self.latent.log_sigma], weight_decay=0.0, **kwargs)
         return [model, vtc]
@@ -346,6 +423,11 @@ class FedVTCClient(ClientModule):
             self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
 
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Clip the fine-tuning steps (automatic optimisation) with the local rounds' ``max_grad_norm``."""
+        if self.stage == FINETUNE:
+            self._clip(self.model.parameters())
+
     def _clip(self, parameters: Iterable[Tensor]) -> None:
         """Clip one alternating step's gradient (opt-in: the paper clips nothing, spec 9.1)."""
         if self.max_grad_norm is not None:
@@ -369,11 +451,8 @@ class FedVTCClient(ClientModule):
         prototypes = self.latent.prototypes.cpu()
         noise = torch.randn(len(labels), prototypes.shape[1], generator=generator)
         v = reparameterize(prototypes[labels], self.latent.log_sigma.detach().cpu(), noise)
-        was_training = self.vtc.training
-        self.vtc.eval()
         device = self.latent.prototypes.device
-        images = self.model_input(self.vtc(v.to(device)))
-        self.vtc.train(was_training)
+        images = self.model_input(decode_latents(self.vtc, v.to(device), self.synthetic_bn))
         return images, labels.to(device)
 
     def stage_dataloader(self, private: Iterable[Any], seed: int) -> Iterable[Any]:
@@ -452,7 +531,7 @@ class FedVTCServer(ServerPhase):
         if "prototypes" not in latent:
             raise ConfigError("FedVTC's server needs FedVTC clients (no 'latent.prototypes' in the client state)")
         self.num_classes, latent_dim = latent["prototypes"].shape
-        self.prototypes = torch.zeros(self.num_classes, latent_dim)
+        self.prototypes = latent["prototypes"].detach().clone().float()  # the clients' initial ones (zeros: Table 5)
         self.sigma = latent["log_sigma"].detach().exp().clone()  # the clients' initial SD (prior_sd)
         self.vtc = clone_state(state_with_prefix(initial, "vtc."))
         self.rounds = context.rounds
@@ -561,6 +640,13 @@ class FedVTC(Algorithm):
             scale, without which the VTC collapses to the mean digit (see docs/fedvtc.md).
         kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO; below 1 a
             deviation, the beta-VAE remedy for posterior collapse).
+        kl_warmup_rounds: federated rounds at the start with the KL switched off (0: the paper), so
+            that the first prototypes come from class-distinct features rather than from features
+            pulled onto the zero initial prototypes (a deviation when set).
+        initial_prototype_sd: SD of seeded class anchors ``N(0, sd^2 I)`` used as the global
+            prototypes before any upload (0: Table 5's zeros). The same anchors on every client and
+            the server give every extractor one class-distinct target from the first step (a
+            deviation when set; see docs/fedvtc.md).
         latent_channels: ``C0`` of the latent ``(C0, H/4, W/4)``, so ``p = C0 * (H/4)^2``
             (20 on MNIST: p = 980; 64 on CIFAR: 4096; 128 on Tiny-ImageNet: 32768).
         vtc_channels: output channels of the VTC's first three layers (Table 6: MNIST 16, 32, 32;
@@ -580,8 +666,13 @@ class FedVTC(Algorithm):
             ``"literal_fullbatch"`` (one full-batch step per round, Algorithm 1 literally).
         finetune_epochs: epochs per fine-tuning round (E = 5 in the paper).
         finetune_batch_size: fine-tuning mini-batch size (16).
-        max_grad_norm: clip the gradient of each alternating step (``None``: off, as in the paper;
-            an opt-in guard against the loss-scale imbalance of spec 9.1).
+        finetune_lr: learning rate of the fine-tuning (``None``: ``lr``, Algorithm 1's single eta; a
+            deviation when set).
+        synthetic_bn: BatchNorm statistics the global VTC decodes the synthetic set with:
+            ``"running"`` (its averaged running statistics, eval mode as spec 8 #9) or ``"batch"``
+            (the synthetic latents' own statistics; a deviation, see :func:`decode_latents`).
+        max_grad_norm: clip the gradient of each alternating step and of each fine-tuning step
+            (``None``: off, as in the paper; an opt-in guard against the loss-scale imbalance of spec 9.1).
         optimizer: SGD in Algorithm 1.
         lr: eta (1e-4 on MNIST, 0.01 on CIFAR and Tiny-ImageNet).
         momentum: SGD momentum (none in the paper).
@@ -597,6 +688,8 @@ class FedVTC(Algorithm):
         dm_weight: NonNegativeFloat = 0.1,
         prior_sd: PositiveFloat = 1.0,
         kl_weight: NonNegativeFloat = 1.0,
+        kl_warmup_rounds: NonNegativeInt = 0,
+        initial_prototype_sd: NonNegativeFloat = 0.0,
         latent_channels: PositiveInt = 20,
         vtc_channels: tuple[int, int, int] = (16, 32, 32),
         vtc_out_channels: PositiveInt | None = None,
@@ -610,6 +703,8 @@ class FedVTC(Algorithm):
         finetune_mode: FinetuneMode = "epochs",
         finetune_epochs: PositiveInt = 5,
         finetune_batch_size: PositiveInt = 16,
+        finetune_lr: PositiveFloat | None = None,
+        synthetic_bn: SyntheticBN = "running",
         max_grad_norm: PositiveFloat | None = None,
         optimizer: OptimizerName = "sgd",
         lr: PositiveFloat = 0.01,
@@ -622,6 +717,8 @@ class FedVTC(Algorithm):
         self.dm_weight = dm_weight
         self.prior_sd = prior_sd
         self.kl_weight = kl_weight
+        self.kl_warmup_rounds = kl_warmup_rounds
+        self.initial_prototype_sd = initial_prototype_sd
         self.latent_channels = latent_channels
         self.vtc_channels = tuple(int(c) for c in vtc_channels)
         self.vtc_out_channels = vtc_out_channels
@@ -635,6 +732,8 @@ class FedVTC(Algorithm):
         self.finetune_mode: FinetuneMode = finetune_mode
         self.finetune_epochs = finetune_epochs
         self.finetune_batch_size = finetune_batch_size
+        self.finetune_lr = finetune_lr
+        self.synthetic_bn: SyntheticBN = synthetic_bn
         self.max_grad_norm = max_grad_norm
 
     def latent_shape(self) -> tuple[int, int, int]:
@@ -668,6 +767,9 @@ class FedVTC(Algorithm):
             dm_weight=self.dm_weight,
             prior_sd=self.prior_sd,
             kl_weight=self.kl_weight,
+            kl_warmup_rounds=self.kl_warmup_rounds,
+            initial_prototype_sd=self.initial_prototype_sd,
+            prototype_seed=self.vtc_init_seed,
             reduction=self.reduction,
             element_reduction=self.element_reduction,
             vtc_lr=self.vtc_lr,
@@ -676,6 +778,8 @@ class FedVTC(Algorithm):
             finetune_mode=self.finetune_mode,
             finetune_epochs=self.finetune_epochs,
             finetune_batch_size=self.finetune_batch_size,
+            finetune_lr=self.finetune_lr,
+            synthetic_bn=self.synthetic_bn,
             max_grad_norm=self.max_grad_norm,
             **self.optimizer_kwargs(),
         )

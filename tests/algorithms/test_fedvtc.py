@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,8 @@ from fedhet.algorithms.fedvtc import (
     FedVTCServer,
     VTCDecoder,
     VTCPayload,
+    decode_latents,
+    initial_prototypes,
 )
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError, TrainingError
@@ -95,6 +99,78 @@ def test_vtc_loss_sums_class_means():
     kl = gaussian_kl_to_prior(x.flatten(1), client.latent.log_sigma, torch.zeros(3, 2))
     loss = client.vtc_loss(x, y, client.model.forward_features(x))
     assert loss.item() == pytest.approx(((kl[0] + kl[1]) / 2 + kl[2]).item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("round_idx, kl_in_loss", [(0, 0.0), (1, 0.0), (2, 3.0)])
+def test_kl_warmup_gates_the_kl_term_in_the_first_rounds(round_idx, kl_in_loss):
+    """kl_warmup_rounds=2, kl_weight=3: L_tc = L_rc in rounds 0 and 1, L_rc + 3 * KL from round 2.
+
+    The setup of the hand-computed case above (z = (1, 0), c^0 = (0, 1), sigma = 1): KL = 1.
+    """
+    decoder = _LinearDecoder()
+    client = FedVTCClient(TinyLinear(), 2, vtc=decoder, dm_weight=0.0, kl_weight=3.0, kl_warmup_rounds=2)  # type: ignore[arg-type]
+    client.latent.prototypes.copy_(torch.tensor([[0.0, 1.0], [5.0, 5.0]]))
+    client.round_idx = round_idx
+    x, y = torch.tensor([[1.0, 0.0]]).reshape(1, 1, 1, 2), torch.tensor([0])
+    torch.manual_seed(3)
+    eps = torch.randn(1, 2)
+    torch.manual_seed(3)
+    loss = client.vtc_loss(x, y, client.model.forward_features(x))
+    assert loss.item() == pytest.approx(eps.pow(2).sum().item() + kl_in_loss, abs=1e-5)
+    assert client.last_terms["kl"] == pytest.approx(1.0)  # logged unweighted either way
+
+
+def test_fine_tuning_clips_the_gradient_to_max_grad_norm():
+    """In the fine-tuning stage the step's gradient norm is cut to max_grad_norm (0.5); local stages clip themselves."""
+    client = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), max_grad_norm=0.5)  # type: ignore[arg-type]
+    x, y = torch.tensor([[30.0, -20.0]]).reshape(1, 1, 1, 2), torch.tensor([1])
+    client.stage = FINETUNE
+    client.local_loss((x, y)).backward()
+    norm = lambda: torch.cat([p.grad.flatten() for p in client.model.parameters()]).norm().item()  # noqa: E731
+    assert norm() > 5.0
+    client.on_before_optimizer_step(None)
+    assert norm() == pytest.approx(0.5, rel=1e-4)
+    client.stage = "local"
+    client.local_loss((x, y)).backward()
+    before = norm()
+    client.on_before_optimizer_step(None)  # the manual local stage clips in training_step, not here
+    assert norm() == pytest.approx(before)
+
+
+@pytest.mark.parametrize("finetune_lr, expected", [(None, 0.05), (0.005, 0.005)])
+def test_fine_tuning_steps_at_finetune_lr_or_the_rounds_lr(finetune_lr, expected):
+    """finetune_lr=None keeps Algorithm 1's single eta (lr 0.05); set, only the fine-tuning optimizer uses it."""
+    client = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), lr=0.05, finetune_lr=finetune_lr)  # type: ignore[arg-type]
+    client.stage = FINETUNE
+    assert client.configure_optimizers().param_groups[0]["lr"] == expected
+    client.stage = "local"
+    model_optimizer, vtc_optimizer = client.configure_optimizers()
+    assert model_optimizer.param_groups[0]["lr"] == vtc_optimizer.param_groups[0]["lr"] == 0.05
+
+
+def test_synthetic_batch_norm_uses_the_statistics_of_the_decoded_latents():
+    """synthetic_bn="batch" normalises with the synthetic latents' own statistics, whatever the running ones say.
+
+    Running statistics far off the latents (mean 5, variance 100) make the eval-mode decoder emit
+    nearly one image for every latent, as the averaged VTC did; the batch statistics recover the
+    train-mode output (unbiased vs biased variance: equal to 1e-3 at 400 latents) and leave the VTC unchanged.
+    """
+    torch.manual_seed(0)
+    decoder = VTCDecoder((4, 2, 2), (3, 3, 3), 1)
+    for module in decoder.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.fill_(5.0)
+            module.running_var.fill_(100.0)
+    saved = clone_state(decoder.state_dict())
+    v = 0.1 * torch.randn(400, 16)
+    running = decode_latents(decoder, v, "running")
+    batch = decode_latents(decoder, v, "batch")
+    assert all(torch.equal(saved[k], t) for k, t in decoder.state_dict().items())
+    decoder.train()
+    with torch.no_grad():
+        train_mode = decoder(v)
+    assert running.std(0).mean() < 0.01 < batch.std(0).mean()
+    torch.testing.assert_close(batch, train_mode, atol=1e-3, rtol=0.0)
 
 
 def test_alternating_step_updates_f_with_ce_plus_tc_and_psi_with_tc():
@@ -189,6 +265,27 @@ def test_server_psi_average_of_identical_vtcs_is_the_identity_and_broadcast_is_c
     assert server.download_for(0) is None
     server.aggregate(1, [])
     assert server.download_for(0) is not None
+
+
+def test_initial_prototypes_are_zeros_or_shared_seeded_anchors_and_the_server_starts_from_them():
+    """Zeros at sd = 0 (Table 5); at sd = 0.1 the same N(0, 0.01 I) anchors for every client and the server."""
+    assert torch.equal(initial_prototypes(3, 4), torch.zeros(3, 4))
+    anchors = initial_prototypes(10, 980, sd=0.1, seed=0)
+    assert torch.equal(anchors, initial_prototypes(10, 980, sd=0.1, seed=0))
+    assert not torch.equal(anchors, initial_prototypes(10, 980, sd=0.1, seed=1))
+    assert anchors.std().item() == pytest.approx(0.1, rel=0.02)
+    assert torch.cdist(anchors, anchors)[~torch.eye(10, dtype=torch.bool)].min().item() > 4.0  # ~0.1 * sqrt(2 * 980)
+    algorithm = FedVTC(latent_channels=1, vtc_channels=(1, 1, 1), initial_prototype_sd=0.1)
+    algorithm.configure(DataFormat(image_size=8, channels=1, mean=(0.0,), std=(1.0,), num_classes=3))
+    models = [create_model("cnn_tiny", num_classes=3, in_channels=1, seed=s) for s in (0, 1)]
+    clients = [algorithm.build_client(model, 3) for model in models]
+    assert torch.equal(clients[0].latent.prototypes, clients[1].latent.prototypes)
+    torch.testing.assert_close(clients[0].latent.prototypes, initial_prototypes(3, 4, sd=0.1, seed=0))
+    server = algorithm.build_server()
+    state = clients[0].state_dict()
+    server.setup(dataclasses.replace(_context(num_classes=3, latent_dim=4), initial_client_state=lambda cid: state))
+    assert torch.equal(server.prototypes, clients[0].latent.prototypes)
+    assert torch.equal(server.download_for(0).prototypes, clients[0].latent.prototypes)
 
 
 def test_server_rejects_bad_uploads():
