@@ -114,6 +114,10 @@ FINETUNE = "finetune"
 PsiSync = Literal["once", "every_round"]
 FinetuneMode = Literal["epochs", "literal_fullbatch"]
 SyntheticBN = Literal["running", "batch"]
+#: BatchNorm of the classifier while it fine-tunes on synthetic images: ``"train"`` (batch
+#: statistics, running statistics re-estimated on the synthetic set) or ``"frozen"`` (eval mode:
+#: the running statistics of real data are kept; affine parameters still train).
+FinetuneBN = Literal["train", "frozen"]
 
 
 class VTCDecoder(nn.Module):
@@ -268,6 +272,7 @@ class FedVTCClient(ClientModule):
         finetune_batch_size: mini-batch size of fine-tuning.
         finetune_lr: learning rate of fine-tuning (``None``: ``lr``).
         synthetic_bn: ``"running"`` or ``"batch"`` BatchNorm statistics when decoding the synthetic set.
+        finetune_bn: ``"train"`` or ``"frozen"`` BatchNorm of the classifier during fine-tuning.
         max_grad_norm: clip each alternating step's and each fine-tuning step's gradient to this norm
             (``None``: off, the paper).
         optimizer: optimizer of every step (SGD in Algorithm 1).
@@ -301,6 +306,7 @@ class FedVTCClient(ClientModule):
         finetune_batch_size: int = 16,
         finetune_lr: float | None = None,
         synthetic_bn: SyntheticBN = "running",
+        finetune_bn: FinetuneBN = "train",
         max_grad_norm: float | None = None,
         optimizer: OptimizerName = "sgd",
         lr: float = 0.01,
@@ -331,6 +337,7 @@ class FedVTCClient(ClientModule):
         self.finetune_batch_size = finetune_batch_size
         self.finetune_lr = finetune_lr
         self.synthetic_bn: SyntheticBN = synthetic_bn
+        self.finetune_bn: FinetuneBN = finetune_bn
         self.last_terms: dict[str, float] = {}
 
     # ------------------------------------------------------------------ pixels
@@ -396,6 +403,10 @@ class FedVTCClient(ClientModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         if self.stage == FINETUNE:
+            if self.finetune_bn == "frozen":  # Lightning puts the module in train mode at fit start
+                for module in self.model.modules():
+                    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                        module.eval()
             return super().training_step(batch, batch_idx)
         x, y = batch
         model_optimizer, vtc_optimizer = self.optimizers()  # type: ignore[misc]
@@ -671,6 +682,9 @@ class FedVTC(Algorithm):
         synthetic_bn: BatchNorm statistics the global VTC decodes the synthetic set with:
             ``"running"`` (its averaged running statistics, eval mode as spec 8 #9) or ``"batch"``
             (the synthetic latents' own statistics; a deviation, see :func:`decode_latents`).
+        finetune_bn: the classifier's BatchNorm while fine-tuning on synthetic images: ``"train"``
+            (the paper does not say; ordinary training) or ``"frozen"`` (eval mode, so the running
+            statistics of real data survive the synthetic set; a deviation when set).
         max_grad_norm: clip the gradient of each alternating step and of each fine-tuning step
             (``None``: off, as in the paper; an opt-in guard against the loss-scale imbalance of spec 9.1).
         optimizer: SGD in Algorithm 1.
@@ -705,6 +719,7 @@ class FedVTC(Algorithm):
         finetune_batch_size: PositiveInt = 16,
         finetune_lr: PositiveFloat | None = None,
         synthetic_bn: SyntheticBN = "running",
+        finetune_bn: FinetuneBN = "train",
         max_grad_norm: PositiveFloat | None = None,
         optimizer: OptimizerName = "sgd",
         lr: PositiveFloat = 0.01,
@@ -734,6 +749,7 @@ class FedVTC(Algorithm):
         self.finetune_batch_size = finetune_batch_size
         self.finetune_lr = finetune_lr
         self.synthetic_bn: SyntheticBN = synthetic_bn
+        self.finetune_bn: FinetuneBN = finetune_bn
         self.max_grad_norm = max_grad_norm
 
     def latent_shape(self) -> tuple[int, int, int]:
@@ -780,6 +796,7 @@ class FedVTC(Algorithm):
             finetune_batch_size=self.finetune_batch_size,
             finetune_lr=self.finetune_lr,
             synthetic_bn=self.synthetic_bn,
+            finetune_bn=self.finetune_bn,
             max_grad_norm=self.max_grad_norm,
             **self.optimizer_kwargs(),
         )
