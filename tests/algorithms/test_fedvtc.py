@@ -465,3 +465,29 @@ def test_synthetic_digits_are_recognised_by_a_held_out_model_above_chance(prior_
         assert recognised > 0.4, f"only {recognised:.0%} of the synthetic digits recognised (chance 10%)"
     else:
         assert recognised < 0.2, f"{recognised:.0%} recognised: the unit prior no longer collapses the VTC"
+
+
+class _NormedLinear(TinyLinear):
+    """TinyLinear with a BatchNorm on its features, whose running statistics start at mean 0, var 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(2)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.body(x.flatten(1)))
+
+
+@pytest.mark.parametrize("finetune_bn, moved", [("train", True), ("frozen", False)])
+def test_frozen_finetune_bn_keeps_the_real_data_running_statistics(finetune_bn, moved):
+    """A fine-tuning step on a batch of mean (5, -5) moves BatchNorm's running mean by momentum 0.1
+    to (0.5, -0.5) in train mode; frozen, the statistics stay at (0, 0) while the weights still train."""
+    client = FedVTCClient(_NormedLinear(), 2, vtc=_LinearDecoder(), finetune_bn=finetune_bn)  # type: ignore[arg-type]
+    client.stage = FINETUNE
+    client.train()
+    x = torch.tensor([[4.0, -4.0], [6.0, -6.0]]).reshape(2, 1, 1, 2)
+    loss = client.training_step((x, torch.tensor([0, 1])), 0)
+    loss.backward()
+    expected = torch.tensor([0.5, -0.5]) if moved else torch.zeros(2)
+    assert torch.allclose(client.model.norm.running_mean, expected)
+    assert client.model.head.weight.grad is not None and client.model.head.weight.grad.abs().sum() > 0
