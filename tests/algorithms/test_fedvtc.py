@@ -480,8 +480,11 @@ class _NormedLinear(TinyLinear):
 
 @pytest.mark.parametrize("finetune_bn, moved", [("train", True), ("frozen", False)])
 def test_frozen_finetune_bn_keeps_the_real_data_running_statistics(finetune_bn, moved):
-    """A fine-tuning step on a batch of mean (5, -5) moves BatchNorm's running mean by momentum 0.1
-    to (0.5, -0.5) in train mode; frozen, the statistics stay at (0, 0) while the weights still train."""
+    """Frozen BatchNorm keeps the running statistics of real data; the weights still train.
+
+    A fine-tuning step on a batch of mean (5, -5) moves the running mean by momentum 0.1 to
+    (0.5, -0.5) in train mode; frozen, it stays at (0, 0).
+    """
     client = FedVTCClient(_NormedLinear(), 2, vtc=_LinearDecoder(), finetune_bn=finetune_bn)  # type: ignore[arg-type]
     client.stage = FINETUNE
     client.train()
