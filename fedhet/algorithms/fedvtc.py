@@ -59,7 +59,8 @@ Deviations and resolutions (spec section 8):
   by default): ``initial_prototype_sd`` (seeded class anchors instead of Table 5's zero
   prototypes), ``kl_warmup_rounds`` (the KL off in the first rounds), ``synthetic_bn="batch"``
   (decode the synthetic set with its own BatchNorm statistics instead of the averaged running
-  ones) and ``finetune_lr`` (a fine-tuning rate other than the rounds' eta).
+  ones), ``finetune_lr`` (a fine-tuning rate other than the rounds' eta) and ``finetune_bn="frozen"``
+  (the classifier's BatchNorm kept in eval mode while fine-tuning; it did not stop the fall).
 """
 
 from __future__ import annotations
