@@ -184,15 +184,19 @@ def collect(runs: list[Run], root: Path) -> dict[str, dict[str, Any]]:
     return results
 
 
+def _seed_cell(results: dict[str, Any], label: str, key: str) -> str:
+    """``mean ± std`` over the seeds of ``label`` of one per-seed value (``inter``, ``mnist/intra`` ...)."""
+    return cell([row[key] for row in results[label]["seeds"]])
+
+
 def _domain_table(results: dict[str, Any], labels: list[str], kind: str, arrow: str, names: dict[str, str] | None = None) -> list[str]:
     header = " | ".join(f"{SHORT[d]}{arrow}" for d in DOMAINS)
     lines = [f"| method | {header} | AVG |", "| --- |" + " --- |" * (len(DOMAINS) + 1)]
     for label in labels:
         if label not in results:
             continue
-        seeds = results[label]["seeds"]
-        cells = " | ".join(cell([r[f"{d}/{kind}"] for r in seeds]) for d in DOMAINS)
-        avg = cell([r[kind] for r in seeds])
+        cells = " | ".join(_seed_cell(results, label, f"{d}/{kind}") for d in DOMAINS)
+        avg = _seed_cell(results, label, kind)
         name = (names or {}).get(label, label)
         lines.append(f"| {name} | {cells} | **{avg}** |" if label.startswith("fccl_plus") else f"| {name} | {cells} | {avg} |")
     return lines
@@ -293,8 +297,7 @@ def report(results: dict[str, Any], setting: str, runs: list[Run], root: Path) -
             "",
             "| method | inter, decay | inter, constant | intra, decay | intra, constant |",
             "| --- | --- | --- | --- | --- |",
-            *[f"| {on} | {cell([r['inter'] for r in results[on]['seeds']])} | {cell([r['inter'] for r in results[off]['seeds']])} | "
-              f"{cell([r['intra'] for r in results[on]['seeds']])} | {cell([r['intra'] for r in results[off]['seeds']])} |"
+            *["| " + " | ".join([on] + [_seed_cell(results, row, key) for key in ("inter", "intra") for row in (on, off)]) + " |"
               for on, off in pairs],
             "",
         ]
@@ -312,10 +315,7 @@ def report(results: dict[str, Any], setting: str, runs: list[Run], root: Path) -
             "",
             "| method | inter, after local training | inter, with the download | intra, after local training | intra, with the download |",
             "| --- | --- | --- | --- | --- |",
-            *[f"| {label} | {cell([r['inter'] for r in results[label]['seeds']])} | "
-              f"{cell([r['inter_global'] for r in results[label]['seeds']])} | "
-              f"{cell([r['intra'] for r in results[label]['seeds']])} | "
-              f"{cell([r['intra_global'] for r in results[label]['seeds']])} |"
+            *["| " + " | ".join([label] + [_seed_cell(results, label, key) for key in ("inter", "inter_global", "intra", "intra_global")]) + " |"
               for label in HOMOGENEOUS if label in results],
             "",
         ]

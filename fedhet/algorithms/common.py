@@ -247,6 +247,21 @@ class ParameterBuffers(nn.Module):
 HEAD_PREFIX = "head."
 
 
+def batch_norm_layers(module: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:
+    """Every BatchNorm layer of ``module`` (1d, 2d, 3d and sync), in module order."""
+    return (m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+
+
+def freeze_batch_norm(module: nn.Module) -> None:
+    """Put ``module``'s BatchNorm layers in eval mode, the rest of it untouched.
+
+    They then normalise with, and keep, their running statistics while the rest trains; their
+    affine weights still get gradients.
+    """
+    for layer in batch_norm_layers(module):
+        layer.eval()
+
+
 def head_weights(module_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The classifier head's weights inside a client module's state dict (keys without ``model.head.``)."""
     return {k[len(HEAD_PREFIX) :]: v for k, v in model_weights(module_state).items() if k.startswith(HEAD_PREFIX)}

@@ -73,6 +73,7 @@ from fedhet.algorithms.base import (
     ServerPlugin,
     ServerRefinement,
 )
+from fedhet.algorithms.common import freeze_batch_norm
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.core.payloads import WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
@@ -333,9 +334,7 @@ class DataFreeFineTuning(ServerRefinement):
         self.generator.eval()
         self.student.train()
         if self.server_bn_mode == "frozen":
-            for module in self.student.modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    module.eval()
+            freeze_batch_norm(self.student)
         with torch.no_grad():
             x = self.generator(noise, labels)
             teacher_logits = self.teacher_logits(x, teachers)

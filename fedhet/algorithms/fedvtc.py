@@ -90,7 +90,7 @@ from fedhet.algorithms.base import (
     ServerPhase,
     build_optimizer,
 )
-from fedhet.algorithms.common import state_with_prefix
+from fedhet.algorithms.common import batch_norm_layers, freeze_batch_norm, state_with_prefix
 from fedhet.core.payloads import Payload, check_like, check_shape
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError, TrainingError
@@ -182,10 +182,9 @@ def decode_latents(vtc: nn.Module, v: Tensor, batch_norm: SyntheticBN = "running
     """
     if batch_norm == "batch":
         vtc = copy.deepcopy(vtc)
-        for module in vtc.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                module.reset_running_stats()
-                module.momentum = None  # cumulative average: exactly this batch's statistics
+        for layer in batch_norm_layers(vtc):
+            layer.reset_running_stats()
+            layer.momentum = None  # cumulative average: exactly this batch's statistics
         vtc.train()
         vtc(v)
     was_training = vtc.training
@@ -405,9 +404,7 @@ class FedVTCClient(ClientModule):
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         if self.stage == FINETUNE:
             if self.finetune_bn == "frozen":  # Lightning puts the module in train mode at fit start
-                for module in self.model.modules():
-                    if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                        module.eval()
+                freeze_batch_norm(self.model)
             return super().training_step(batch, batch_idx)
         x, y = batch
         model_optimizer, vtc_optimizer = self.optimizers()  # type: ignore[misc]
