@@ -6,7 +6,8 @@ not complete: a *divergence* is a run stopped by the round loop's non-finite-los
 ("client k got a non-finite training loss in round r"), any other non-zero exit is a *failure*.
 A budget flag shrinks the local work (``--max-epochs``, ``--rounds``) while keeping the rounds
 where divergences were seen (FD diverged in round 19 of 20 on ``digits_dir`` at seed 11), so the
-default keeps each config's own rounds.
+default keeps each config's own rounds. ``--eval-every`` evaluates only every N rounds (the last
+always): the non-finite check is on training losses and uploads, so it sees every round anyway.
 
 ``--extra=--key=value`` (repeatable) runs a variant, recorded with its flags
 (``--extra=--method.init_args.distillation=mse`` reruns FD's HtFLlib form). ``--only`` keeps the
@@ -38,6 +39,8 @@ FOLDERS = ("digits", "digits_dir", "digits_path")
 RESULTS = REPO / "docs" / "results"
 ROUND = re.compile(r"in round (\d+)")
 HEADLINE = ("acc_intra", "acc_inter", "acc_local", "acc_global")
+#: the seeds every shipped config must complete at (issue 15's acceptance)
+ACCEPTANCE_SEEDS = (0, 1, 2, 3, 4)
 
 
 def shipped_configs(folders: tuple[str, ...] = FOLDERS) -> list[str]:
@@ -49,19 +52,32 @@ def shipped_configs(folders: tuple[str, ...] = FOLDERS) -> list[str]:
     )
 
 
-def budget_flags(rounds: int | None, max_epochs: int | None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+def config_sha(config: str) -> str:
+    """The first 10 hex digits of the SHA-256 of ``configs/experiments/<config>.yaml``: which version a row ran."""
+    return hashlib.sha256((REPO / "configs" / "experiments" / f"{config}.yaml").read_bytes()).hexdigest()[:10]
+
+
+def budget_flags(
+    rounds: int | None, max_epochs: int | None, extra: tuple[str, ...] = (), eval_every: int | None = None
+) -> tuple[str, ...]:
     """The ``fedhet fit`` flags of the budget (none: each config's own), then any extra flags."""
     flags: list[str] = []
     if rounds is not None:
         flags += ["--rounds", str(rounds)]
     if max_epochs is not None:
         flags += [f"--trainer.max_epochs={max_epochs}"]
+    if eval_every is not None:
+        flags += [f"--federation.eval_every={eval_every}"]
     return (*flags, *extra)
 
 
-def budget_name(rounds: int | None, max_epochs: int | None, extra: tuple[str, ...] = ()) -> str:
+def budget_name(
+    rounds: int | None, max_epochs: int | None, extra: tuple[str, ...] = (), eval_every: int | None = None
+) -> str:
     """How the budget (and any extra flags) is written on the page."""
     name = f"rounds={rounds or 'config'}, max_epochs={max_epochs or 'config'}"
+    if eval_every is not None:
+        name += f", eval_every={eval_every}"
     return name + "".join(f", `{flag}`" for flag in extra)
 
 
@@ -82,6 +98,44 @@ def outcome(run: Run, root: Path) -> dict[str, Any]:
     return {"status": "failed", "message": line}
 
 
+def verdict(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """The page's verdict: which shipped configs, as shipped now, complete at every acceptance seed.
+
+    Only rows at the config's current sha count, and only budgets without extra flags (an extra
+    flag is a deliberate variant, such as FD's HtFLlib loss, not the shipped config).
+    """
+    complete, unstable, incomplete = [], [], []
+    for config in shipped_configs():
+        current = [
+            e
+            for e in runs.values()
+            if e["config"] == config and e.get("config_sha") == config_sha(config) and "`" not in e["budget"]
+        ]
+        bad = [f"seed {e['seed']} at {e['budget']}: {e['status']}" for e in current if e["status"] != "ok"]
+        ok_seeds: dict[str, set[int]] = {}
+        for e in current:
+            if e["status"] == "ok":
+                ok_seeds.setdefault(e["budget"], set()).add(e["seed"])
+        if bad:
+            unstable.append(f"{config} ({'; '.join(bad)})")
+        elif any(set(ACCEPTANCE_SEEDS) <= seeds for seeds in ok_seeds.values()):
+            complete.append(config)
+        else:
+            incomplete.append(config)
+    seeds = f"{ACCEPTANCE_SEEDS[0]}-{ACCEPTANCE_SEEDS[-1]}"
+    lines = [
+        "## Verdict",
+        "",
+        f"Configs as shipped now (rows at the current `config sha`, budgets without extra flags), seeds {seeds}:",
+        "",
+        f"- complete at every seed under one budget: **{len(complete)} of {len(shipped_configs())}**",
+        f"- diverged or failed at some seed: {', '.join(unstable) or 'none'}",
+        f"- not yet run at every seed: {', '.join(incomplete) or 'none'}",
+        "",
+    ]
+    return lines
+
+
 def write_page(results: dict[str, Any]) -> None:
     """``stability.json`` (every recorded run) and the page listing every shipped config."""
     write_atomic(RESULTS / "stability.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
@@ -96,6 +150,9 @@ def write_page(results: dict[str, Any]) -> None:
         "*failed* on any other error. Configs marked *not run* were not run by any invocation yet. The",
         "`config sha` column is the first 10 hex digits of the SHA-256 of the config file when the row",
         "was recorded, so a row that predates a change of its config is visible.",
+        "",
+        *verdict(runs),
+        "## Configs",
         "",
         "| config | budget | seeds run | completed | diverged (seed: round) | failed |",
         "|---|---|---|---|---|---|",
@@ -142,6 +199,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[], help="keep configs whose folder/name contains one of these")
     parser.add_argument("--rounds", type=int, default=None, help="override every config's rounds (default: its own)")
     parser.add_argument("--max-epochs", type=int, default=None, help="override the local epochs per round")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="evaluate every N rounds (the last round always is); evaluation does not change training, and "
+        "skipping it halves a 20-round digits_dir run",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="single-threaded runs at once")
     parser.add_argument(
         "--extra", action="append", default=[], help="one more fedhet fit flag, as --extra=--key=value (repeatable)"
@@ -153,8 +217,8 @@ def main() -> None:
     configs = [c for c in shipped_configs() if not args.only or any(s in c for s in args.only)]
     if not configs:
         raise SystemExit(f"no shipped config matches --only {args.only}")
-    flags = budget_flags(args.rounds, args.max_epochs, tuple(args.extra))
-    budget = budget_name(args.rounds, args.max_epochs, tuple(args.extra))
+    flags = budget_flags(args.rounds, args.max_epochs, tuple(args.extra), args.eval_every)
+    budget = budget_name(args.rounds, args.max_epochs, tuple(args.extra), args.eval_every)
     suffix = "" if not flags else "_" + "_".join(re.sub(r"[^A-Za-z0-9]+", "", f) for f in flags)
     runs = [
         Run(f"{config}{suffix}", f"configs/experiments/{config}.yaml", seed, flags)
@@ -168,8 +232,7 @@ def main() -> None:
     results = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
     today = time.strftime("%Y-%m-%d", time.gmtime())
     for run, config in ((r, r.config[len("configs/experiments/") : -len(".yaml")]) for r in runs):
-        sha = hashlib.sha256((REPO / run.config).read_bytes()).hexdigest()[:10]
-        entry = {"config": config, "seed": run.seed, "budget": budget, "date": today, "config_sha": sha}
+        entry = {"config": config, "seed": run.seed, "budget": budget, "date": today, "config_sha": config_sha(config)}
         entry.update(outcome(run, args.root))
         results["runs"][f"{config}|{budget}|{run.seed}"] = entry
         print(f"{config} seed {run.seed}: {entry['status']}")
