@@ -35,6 +35,14 @@ and heads are shared (HtFLlib; the official code averages whole models). Sharing
 is the partial-sharing FedGen of FedMD-CG's paper ("FedGen shares clients' classifiers").
 Clients train without the regulariser until the generator has been trained once (HtFLlib
 already uses its untrained generator in round 0).
+
+Stability: the generator's last layer is unbounded, and after its first fit (Adam 0.1, 100
+steps) the generated features are large, so the generated-feature CE and its gradient on the
+head are too (client losses of 80-3,700 in the round after). At SGD 0.05 with momentum 0.9 the
+``digits_dir`` config diverged (seed 2, round 15) and ended at 30-51 % local accuracy at the
+other seeds; the Digits configs therefore clip client gradients at norm 5
+(``trainer.gradient_clip_val``, as every ``mnist_vtc`` method), which neither paper nor HtFLlib
+does (``docs/results/stability.md``).
 """
 
 from __future__ import annotations
