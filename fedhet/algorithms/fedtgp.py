@@ -30,6 +30,13 @@ classes too); samples of classes without a global prototype are left out of the 
 HtFLlib they add zeros to it). The server budget is carried by its data loader, as in
 :mod:`fedhet.algorithms.fedgh` (cut by ``trainer.max_steps`` / ``limit_train_batches``).
 Prototypes are computed after local training in eval mode, as in HtFLlib.
+
+Stability: the margin ``min(max inter-prototype distance, tau)`` grows with the clients'
+prototypes, the server pushes the global ones apart by it, and the clients pull their features
+onto them (``lam`` 10 x MSE), so the client loss grows every round (2 -> 100-600 over 20 rounds
+of ``digits_dir``). At SGD 0.05 with momentum 0.9 (HtFLlib: SGD 0.01) that diverged at 3 of 5
+seeds; the Digits configs clip client gradients at norm 5 (``trainer.gradient_clip_val``), which
+neither the paper nor HtFLlib does (``docs/results/stability.md``).
 """
 
 from __future__ import annotations
