@@ -105,11 +105,11 @@ def verdict(runs: dict[str, dict[str, Any]]) -> list[str]:
     flag is a deliberate variant, such as FD's HtFLlib loss, not the shipped config).
     """
     complete, unstable, incomplete = [], [], []
-    for config in shipped_configs():
+    configs = shipped_configs()
+    for config in configs:
+        sha = config_sha(config)  # once per config: the file is read, not every row
         current = [
-            e
-            for e in runs.values()
-            if e["config"] == config and e.get("config_sha") == config_sha(config) and "`" not in e["budget"]
+            e for e in runs.values() if e["config"] == config and e.get("config_sha") == sha and "`" not in e["budget"]
         ]
         bad = [f"seed {e['seed']} at {e['budget']}: {e['status']}" for e in current if e["status"] != "ok"]
         ok_seeds: dict[str, set[int]] = {}
@@ -128,7 +128,7 @@ def verdict(runs: dict[str, dict[str, Any]]) -> list[str]:
         "",
         f"Configs as shipped now (rows at the current `config sha`, budgets without extra flags), seeds {seeds}:",
         "",
-        f"- complete at every seed under one budget: **{len(complete)} of {len(shipped_configs())}**",
+        f"- complete at every seed under one budget: **{len(complete)} of {len(configs)}**",
         f"- diverged or failed at some seed: {', '.join(unstable) or 'none'}",
         f"- not yet run at every seed: {', '.join(incomplete) or 'none'}",
         "",
