@@ -40,9 +40,10 @@ Stability: the generator's last layer is unbounded, and after its first fit (Ada
 steps) the generated features are large, so the generated-feature CE and its gradient on the
 head are too (client losses of 80-3,700 in the round after). At SGD 0.05 with momentum 0.9 the
 ``digits_dir`` config diverged (seed 2, round 15) and ended at 30-51 % local accuracy at the
-other seeds; the Digits configs therefore clip client gradients at norm 5
+other seeds, and the ``mnist_mdcg`` config (plain SGD 0.05) diverged at seed 0, round 11; the
+Digits and ``mnist_mdcg`` configs therefore clip client gradients at norm 5
 (``trainer.gradient_clip_val``, as every ``mnist_vtc`` method), which neither paper nor HtFLlib
-does (``docs/results/stability.md``).
+does (``docs/results/stability.md``, ``docs/results/fedmdcg_mnist.md``).
 """
 
 from __future__ import annotations
