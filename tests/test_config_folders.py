@@ -43,21 +43,20 @@ FEDPROX_PAPER = (
     "FedProx's Synthetic(1,1) reproduction (30 devices, 200 rounds, 20 epochs); the other config is a "
     "10,000-client scale demo, not a row of the same comparison"
 )
+FEDGEN_CLIPPED = {"fedgen.yaml": {"trainer.gradient_clip_val": FEDGEN_CLIP}}
+#: the label-skew Digits folders clip FedGen and FedTGP alike
+DIGITS_CLIPPED = {**FEDGEN_CLIPPED, "fedtgp.yaml": {"trainer.gradient_clip_val": FEDTGP_CLIP}}
 ALLOWED: dict[str, dict[str, dict[str, str]]] = {
     "digits_dir": {
-        "fedgen.yaml": {"trainer.gradient_clip_val": FEDGEN_CLIP},
-        "fedtgp.yaml": {"trainer.gradient_clip_val": FEDTGP_CLIP},
+        **DIGITS_CLIPPED,
         "scaffold.yaml": {
             "client_optimizer.momentum": (
                 "SCAFFOLD option II's c_i = (x - y) / (K lr) assumes plain SGD steps; it refuses momentum"
             ),
         },
     },
-    "digits_path": {
-        "fedgen.yaml": {"trainer.gradient_clip_val": FEDGEN_CLIP},
-        "fedtgp.yaml": {"trainer.gradient_clip_val": FEDTGP_CLIP},
-    },
-    "mnist_mdcg": {"fedgen.yaml": {"trainer.gradient_clip_val": FEDGEN_CLIP}},
+    "digits_path": DIGITS_CLIPPED,
+    "mnist_mdcg": FEDGEN_CLIPPED,
     "mnist_vtc": {
         name: {
             "federation.extra_rounds": FEDVTC_ROUNDS,
