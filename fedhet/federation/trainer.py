@@ -182,11 +182,17 @@ class TrainerTemplate:
         return pl.Trainer(callbacks=list(callbacks), **self.trainer_kwargs(**overrides))
 
     def device(self) -> torch.device:
-        """The device client fits and evaluation run on."""
+        """The device client fits and evaluation run on.
+
+        An accelerator's device carries its index (``cuda:0``): Lightning's CUDA setup calls
+        ``torch.cuda.set_device``, which refuses a bare ``cuda``, and parameters report
+        ``cuda:0``, so only an indexed device lets :class:`ResidentDeviceStrategy` see that a
+        module is already in place. One device per fit, so the index is the first device's.
+        """
         if self.accelerator in ("gpu", "cuda") or (self.accelerator == "auto" and torch.cuda.is_available()):
-            return torch.device("cuda")
+            return torch.device("cuda", 0)
         if self.accelerator == "mps" or (self.accelerator == "auto" and torch.backends.mps.is_available()):
-            return torch.device("mps")
+            return torch.device("mps", 0)
         return torch.device("cpu")
 
 

@@ -91,3 +91,19 @@ def test_ledger_totals():
     ledger.start_round()
     ledger.record_up(1)
     assert ledger.end_round(1, 1)["comm/bytes_up_total"] == 101
+
+
+@pytest.mark.parametrize(("accelerator", "expected"), [("gpu", "cuda:0"), ("cuda", "cuda:0"), ("mps", "mps:0"),
+                                                       ("cpu", "cpu")])
+def test_trainer_device_carries_the_accelerator_index(accelerator, expected):
+    """Lightning's CUDA setup (``torch.cuda.set_device``) refuses a bare ``cuda`` device: every fit failed on a GPU."""
+    from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
+
+    assert str(TrainerTemplate(accelerator=accelerator).device()) == expected
+    assert str(ServerTrainerTemplate(accelerator=accelerator).device()) == expected
+    if accelerator != "cpu":
+        from fedhet.federation.trainer import ResidentDeviceStrategy
+
+        strategy = TrainerTemplate(accelerator=accelerator).trainer_kwargs()["strategy"]
+        assert isinstance(strategy, ResidentDeviceStrategy)
+        assert strategy.root_device.index == 0
