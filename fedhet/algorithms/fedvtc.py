@@ -101,6 +101,7 @@ from fedhet.functional.vtc import (
     class_mean_sum,
     distribution_matching_error,
     gaussian_kl_to_prior,
+    prototype_geometry,
     reconstruction_error,
     reparameterize,
 )
@@ -257,6 +258,7 @@ class FedVTCClient(ClientModule):
         pixel_mean: per-channel normalisation mean of the scenario.
         pixel_std: per-channel normalisation SD of the scenario.
         dm_weight: lambda, weight of the distribution-matching loss (0: the ``L_e`` variant).
+        dm_trains_extractor: ``L_dm`` in the extractor's step (A) too (True: Algorithm 1).
         prior_sd: ``tau``, SD of the class prior ``N(c^y, tau^2 I)`` and the initial ``sigma_k`` (1: the paper).
         kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO).
         kl_warmup_rounds: first federated rounds with the KL off (0: the paper).
@@ -291,6 +293,7 @@ class FedVTCClient(ClientModule):
         pixel_mean: Sequence[float] = (0.0,),
         pixel_std: Sequence[float] = (1.0,),
         dm_weight: float = 0.1,
+        dm_trains_extractor: bool = True,
         prior_sd: float = 1.0,
         kl_weight: float = 1.0,
         kl_warmup_rounds: int = 0,
@@ -327,6 +330,7 @@ class FedVTCClient(ClientModule):
         self.register_buffer("pixel_mean", torch.tensor(list(pixel_mean)).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(list(pixel_std)).view(1, -1, 1, 1), persistent=False)
         self.dm_weight = dm_weight
+        self.dm_trains_extractor = dm_trains_extractor
         self.reduction: Reduction = reduction
         self.element_reduction: ElementReduction = element_reduction
         self.vtc_lr = vtc_lr
@@ -354,8 +358,11 @@ class FedVTCClient(ClientModule):
         return (images - self.pixel_mean) / self.pixel_std
 
     # ------------------------------------------------------------------ losses
-    def vtc_loss(self, x: Tensor, y: Tensor, z: Tensor) -> Tensor:
-        """``L_tc = sum_y mean_{i in y} [L_rc + KL + lambda * L_dm]`` (Eq. 4-6) for features ``z = g(x)``."""
+    def vtc_loss(self, x: Tensor, y: Tensor, z: Tensor, dm: bool = True) -> Tensor:
+        """``L_tc = sum_y mean_{i in y} [L_rc + KL + lambda * L_dm]`` (Eq. 4-6) for features ``z = g(x)``.
+
+        ``dm=False`` leaves out ``L_dm`` (the extractor's step with ``dm_trains_extractor`` off).
+        """
         prior = self.latent.prototypes[y]
         v = reparameterize(z, self.latent.log_sigma, torch.randn_like(z))
         generated = self.vtc(v)
@@ -364,7 +371,7 @@ class FedVTCClient(ClientModule):
         kl = gaussian_kl_to_prior(z, self.latent.log_sigma, prior, elements, self.prior_sd)
         per_sample = rc + self.current_kl_weight() * kl
         terms = {"rc": rc, "kl": kl}
-        if self.dm_weight != 0.0:
+        if self.dm_weight != 0.0 and dm:
             features = self.model.forward_features(self.model_input(generated))
             dm = distribution_matching_error(features, prior, elements)
             per_sample = per_sample + self.dm_weight * dm
@@ -412,7 +419,7 @@ class FedVTCClient(ClientModule):
         self._freeze(vtc=True)
         z = self.model.forward_features(x)
         ce = F.cross_entropy(self.model.forward_head(z), y)
-        tc = self.vtc_loss(x, y, z)
+        tc = self.vtc_loss(x, y, z, dm=self.dm_trains_extractor)
         model_optimizer.zero_grad()
         self.manual_backward(ce + tc)
         self._clip(self.model.parameters())
@@ -593,8 +600,16 @@ class FedVTCServer(ServerPhase):
         return VTCPayload(classes=classes, prototypes=self.prototypes[classes], sigma=self.sigma, vtc=vtc)
 
     def metrics(self) -> dict[str, float]:
-        """``sigma_mean``: the mean global SD (finite and positive while training is sane)."""
-        return {"sigma_mean": float(self.sigma.mean())} if self.sigma.numel() else {}
+        """The global prior: its mean SD and its prototypes' geometry.
+
+        ``sigma_mean`` stays finite and positive while training is sane; ``prototype_norm`` and
+        ``prototype_min_distance`` (:func:`prototype_geometry`) show the prototypes drifting.
+        """
+        if not self.sigma.numel():
+            return {}
+        norm, separation = prototype_geometry(self.prototypes)
+        return {"sigma_mean": float(self.sigma.mean()), "prototype_norm": float(norm),
+                "prototype_min_distance": float(separation)}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -643,6 +658,12 @@ class FedVTC(Algorithm):
 
     Args:
         dm_weight: lambda, weight of the distribution-matching loss (0.1; 0 is ``L_e`` only).
+        dm_trains_extractor: whether ``L_dm`` also steps the extractor in step (A) (True: Algorithm
+            1, ``f_k`` minimises ``CE + L_tc``). False keeps ``L_dm`` in the VTC's step (B) only, a
+            deviation: pulling the features of generated images onto the prototypes also scales
+            up the extractor, the prototypes (the features' means) follow, and at CPU budgets they
+            drift outward round after round until the averaged VTC decodes no class
+            (docs/fedvtc.md, "Prototype drift").
         prior_sd: ``tau``, SD per dimension of the class prior ``N(c^y, tau^2 I)``, which is also
             the initial ``sigma`` (1: the paper's ``N(c^y, I)`` and Table 5's initial SD). Below 1 a
             deviation: it matches the prior and the sampling noise to small extractors' feature
@@ -698,6 +719,7 @@ class FedVTC(Algorithm):
     def __init__(
         self,
         dm_weight: NonNegativeFloat = 0.1,
+        dm_trains_extractor: bool = True,
         prior_sd: PositiveFloat = 1.0,
         kl_weight: NonNegativeFloat = 1.0,
         kl_warmup_rounds: NonNegativeInt = 0,
@@ -728,6 +750,7 @@ class FedVTC(Algorithm):
         if len(vtc_channels) != 3 or min(vtc_channels) < 1:
             raise ConfigError(f"FedVTC: vtc_channels={vtc_channels} must be three positive channel counts")
         self.dm_weight = dm_weight
+        self.dm_trains_extractor = dm_trains_extractor
         self.prior_sd = prior_sd
         self.kl_weight = kl_weight
         self.kl_warmup_rounds = kl_warmup_rounds
@@ -779,6 +802,7 @@ class FedVTC(Algorithm):
             pixel_mean=data.mean if data is not None else (0.0,),
             pixel_std=data.std if data is not None else (1.0,),
             dm_weight=self.dm_weight,
+            dm_trains_extractor=self.dm_trains_extractor,
             prior_sd=self.prior_sd,
             kl_weight=self.kl_weight,
             kl_warmup_rounds=self.kl_warmup_rounds,

@@ -102,3 +102,21 @@ def class_mean_sum(values: Tensor, labels: Tensor, reduction: Reduction = "class
     classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
     sums = torch.zeros(len(classes), dtype=values.dtype, device=values.device).index_add_(0, inverse, values)
     return (sums / counts.to(values.dtype)).sum()
+
+
+def prototype_geometry(prototypes: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean norm of the class prototypes and the smallest distance between two of them.
+
+    FedVTC's prior ``N(c^y, tau^2 I)`` follows the prototypes, which are the clients' own feature
+    means: nothing fixes their scale, and when they drift outward round after round the averaged
+    VTC stops decoding classes. The two numbers make that drift visible next to ``sigma``: a noise
+    norm ``||sigma||`` far below the smallest distance means the prior's classes do not overlap.
+
+    Example:
+        >>> prototype_geometry(torch.tensor([[3.0, 4.0], [0.0, 0.0], [0.0, 1.0]]))
+        (tensor(2.), tensor(1.))
+    """
+    norms = prototypes.norm(dim=1)
+    distances = torch.cdist(prototypes, prototypes)
+    distances.fill_diagonal_(float("inf"))
+    return norms.mean(), distances.min()

@@ -202,6 +202,29 @@ def test_alternating_step_updates_f_with_ce_plus_tc_and_psi_with_tc():
     assert len(vtc_optimizer.param_groups[0]["params"]) == len(list(module.vtc.parameters())) + 1
 
 
+def test_dm_kept_out_of_the_extractor_step_trains_only_the_vtc():
+    """``dm_trains_extractor=False``: f_k steps exactly as with lambda = 0 (L_e), psi_k still steps on L_dm."""
+
+    def one_batch(**kwargs):
+        algorithm = FedVTC(latent_channels=4, vtc_channels=(2, 2, 2), lr=0.1, **kwargs)
+        algorithm.configure(DataFormat(image_size=8, channels=1, mean=(0.0,), std=(1.0,), num_classes=2))
+        module = algorithm.build_client(create_model("cnn_tiny", num_classes=2, in_channels=1, seed=0), 2)
+        module.stage = "local"
+        module.automatic_optimization = False
+        torch.manual_seed(0)
+        fit(module, one_batch_loader(torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 0, 1])))
+        return dict(module.named_parameters())
+
+    paper = one_batch(dm_weight=0.1)
+    vtc_only = one_batch(dm_weight=0.1, dm_trains_extractor=False)
+    without_dm = one_batch(dm_weight=0.0)
+    for name, value in vtc_only.items():
+        if name.startswith("model."):
+            torch.testing.assert_close(value, without_dm[name], rtol=0, atol=0)
+    assert any(not torch.equal(paper[n], vtc_only[n]) for n in paper if n.startswith("model."))
+    assert any(not torch.equal(vtc_only[n], without_dm[n]) for n in vtc_only if n.startswith("vtc."))
+
+
 def _context(num_classes: int = 3, latent_dim: int = 2, clients: int = 3, counts=None) -> ServerContext:
     vtc = VTCDecoder((latent_dim, 1, 1), (1, 1, 1), 1)
     state = {
@@ -239,6 +262,11 @@ def test_server_averages_prototypes_over_owners_and_sigma_over_uploaders():
     )
     torch.testing.assert_close(server.prototypes, torch.tensor([[2.0, 3.0], [4.0, 4.0], [0.0, 0.0]]))
     torch.testing.assert_close(server.sigma, torch.tensor([2.0, 3.0]))
+    # logged prior: mean SD 2.5; norms sqrt(13), sqrt(32), 0; closest pair (2, 3)-(4, 4) at sqrt(5)
+    metrics = server.metrics()
+    assert metrics["sigma_mean"] == pytest.approx(2.5)
+    assert metrics["prototype_norm"] == pytest.approx((13**0.5 + 32**0.5) / 3)
+    assert metrics["prototype_min_distance"] == pytest.approx(5**0.5)
     server.aggregate(1, [upload(2, _stats([2], [[7.0, 7.0]], [1.0, 1.0]))])
     torch.testing.assert_close(server.prototypes[0], torch.tensor([2.0, 3.0]))  # nobody owning class 0 uploaded
     torch.testing.assert_close(server.prototypes[2], torch.tensor([7.0, 7.0]))

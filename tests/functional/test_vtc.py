@@ -12,6 +12,7 @@ from fedhet.functional.vtc import (
     class_mean_sum,
     distribution_matching_error,
     gaussian_kl_to_prior,
+    prototype_geometry,
     reconstruction_error,
     reparameterize,
 )
@@ -66,3 +67,10 @@ def test_reparameterize_by_hand():
     """The latent is z + sigma * eps = (1 + 0.5 * 2, -1 + 3 * 1)."""
     v = reparameterize(torch.tensor([[1.0, -1.0]]), torch.log(torch.tensor([0.5, 3.0])), torch.tensor([[2.0, 1.0]]))
     torch.testing.assert_close(v, torch.tensor([[2.0, 2.0]]))
+
+
+def test_prototype_geometry_by_hand():
+    """Norms 5, 0, 1 (mean 2); distances 5, sqrt(18) ~ 4.24, 1: the smallest is 1, the diagonal's zeros excluded."""
+    norm, separation = prototype_geometry(torch.tensor([[3.0, 4.0], [0.0, 0.0], [0.0, 1.0]]))
+    assert norm.item() == pytest.approx(2.0)
+    assert separation.item() == pytest.approx(1.0)
