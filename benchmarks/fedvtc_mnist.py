@@ -109,12 +109,28 @@ def cell(entry: dict[str, Any] | None, key: str = "final", planned: bool = True)
 
 
 def synthetic_images(
-    root: Path, seed: int = 0, label: str = "dir0.1/fedvtc", grid: bool = True
+    root: Path, seed: int = 0, label: str = "dir0.1/fedvtc", grid: bool = True, per_class: int = 10
 ) -> dict[str, Any] | None:
-    """Decode the final FedVTC state of ``label`` seed ``seed`` and score it with a held-out classifier."""
-    checkpoint = root / label / f"seed{seed}" / "checkpoint.pt"
+    """Decode the final FedVTC state of ``label`` seed ``seed`` and score it with a held-out classifier.
+
+    The state is the run's ``checkpoint.pt``, or its ``server_vtc.pt`` (the server's ``vtc``,
+    ``prototypes`` and ``sigma`` alone) where the checkpoint was not kept. The scorer trains on one
+    thread, so a state gets the same score on every machine with the same torch: the held-out
+    classifier's weights, and with them a borderline digit's verdict, change with the thread count.
+    """
+    run = root / label / f"seed{seed}"
+    checkpoint = run / "checkpoint.pt" if (run / "checkpoint.pt").is_file() else run / "server_vtc.pt"
     if not checkpoint.is_file():
         return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _score_synthetic(checkpoint, seed, grid, per_class)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _score_synthetic(checkpoint: Path, seed: int, grid: bool, per_class: int) -> dict[str, Any]:
     import yaml
 
     from fedhet.algorithms.fedvtc import VTCDecoder, decode_latents
@@ -122,12 +138,12 @@ def synthetic_images(
     from fedhet.functional.vtc import reparameterize
     from fedhet.models import create_model
 
-    server = torch.load(checkpoint, weights_only=True)["server"]
+    state = torch.load(checkpoint, weights_only=True, map_location="cpu")
+    server = state.get("server", state)
     decoder = VTCDecoder((20, 7, 7), (16, 32, 32), 1)
     decoder.load_state_dict(server["vtc"])
     config = yaml.safe_load((checkpoint.parent / "config.yaml").read_text())
     mode = config["method"]["init_args"].get("synthetic_bn", "running")  # as the clients decoded their sets
-    per_class = 10
     labels = torch.arange(10).repeat_interleave(per_class)
     generator = torch.Generator().manual_seed(0)
     noise = torch.randn(len(labels), 980, generator=generator)

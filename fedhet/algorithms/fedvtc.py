@@ -358,10 +358,10 @@ class FedVTCClient(ClientModule):
         return (images - self.pixel_mean) / self.pixel_std
 
     # ------------------------------------------------------------------ losses
-    def vtc_loss(self, x: Tensor, y: Tensor, z: Tensor, dm: bool = True) -> Tensor:
+    def vtc_loss(self, x: Tensor, y: Tensor, z: Tensor, with_dm: bool = True) -> Tensor:
         """``L_tc = sum_y mean_{i in y} [L_rc + KL + lambda * L_dm]`` (Eq. 4-6) for features ``z = g(x)``.
 
-        ``dm=False`` leaves out ``L_dm`` (the extractor's step with ``dm_trains_extractor`` off).
+        ``with_dm=False`` leaves out ``L_dm`` (the extractor's step with ``dm_trains_extractor`` off).
         """
         prior = self.latent.prototypes[y]
         v = reparameterize(z, self.latent.log_sigma, torch.randn_like(z))
@@ -371,7 +371,7 @@ class FedVTCClient(ClientModule):
         kl = gaussian_kl_to_prior(z, self.latent.log_sigma, prior, elements, self.prior_sd)
         per_sample = rc + self.current_kl_weight() * kl
         terms = {"rc": rc, "kl": kl}
-        if self.dm_weight != 0.0 and dm:
+        if self.dm_weight != 0.0 and with_dm:
             features = self.model.forward_features(self.model_input(generated))
             dm = distribution_matching_error(features, prior, elements)
             per_sample = per_sample + self.dm_weight * dm
@@ -419,7 +419,7 @@ class FedVTCClient(ClientModule):
         self._freeze(vtc=True)
         z = self.model.forward_features(x)
         ce = F.cross_entropy(self.model.forward_head(z), y)
-        tc = self.vtc_loss(x, y, z, dm=self.dm_trains_extractor)
+        tc = self.vtc_loss(x, y, z, with_dm=self.dm_trains_extractor)
         model_optimizer.zero_grad()
         self.manual_backward(ce + tc)
         self._clip(self.model.parameters())
@@ -663,7 +663,7 @@ class FedVTC(Algorithm):
             deviation: pulling the features of generated images onto the prototypes also scales
             up the extractor, the prototypes (the features' means) follow, and at CPU budgets they
             drift outward round after round until the averaged VTC decodes no class
-            (docs/fedvtc.md, "Prototype drift").
+            (docs/fedvtc.md, "Why: the prototypes drift outward").
         prior_sd: ``tau``, SD per dimension of the class prior ``N(c^y, tau^2 I)``, which is also
             the initial ``sigma`` (1: the paper's ``N(c^y, I)`` and Table 5's initial SD). Below 1 a
             deviation: it matches the prior and the sampling noise to small extractors' feature
