@@ -43,6 +43,8 @@ ROWS: dict[str, tuple[str, tuple[str, ...], str]] = {  # label: (config, flags, 
     "fedvtc_dm_vtc_only_ftlr": ("fedvtc", ("--method.init_args.dm_trains_extractor=false",
                                            "--method.init_args.finetune_lr=0.005"),
                                 "FedVTC, L_dm in the VTC's step only, fine-tuning at lr 0.005"),
+    "fedvtc_anchor_scale": ("fedvtc", ("--method.init_args.prototype_scale=anchors",),
+                            "FedVTC, prototypes rescaled to the anchors' norm each round (L_tc as shipped)"),
     "fedvtc_psi_once": ("fedvtc", ("--method.init_args.psi_sync=once",), "FedVTC, psi once (Table 3 1)"),
     "fedvtc_ftlr": ("fedvtc", ("--method.init_args.finetune_lr=0.005",), "FedVTC, fine-tuning at lr 0.005"),
     "fedvtc_e_ftlr": ("fedvtc_e", ("--method.init_args.finetune_lr=0.005",), "FedVTC L_e, fine-tuning at lr 0.005"),
@@ -226,7 +228,7 @@ def main() -> None:
         execute(plan(args.seeds, args.only), args.root, args.jobs)
     results = collect(plan(args.seeds, None), args.root)
     series = {label: [[r["curve"]] for r in rows] for label, rows in results.items()
-              if label in ("fedvtc", "fedvtc_e", "fedvtc_e_ftlr", "fedvtc_dm_vtc_only", *BASELINES)}
+              if label in ("fedvtc", "fedvtc_e", "fedvtc_e_ftlr", "fedvtc_anchor_scale", *BASELINES)}
     curves_png(OUT / "fedvtc_config.png", series, ["acc_global (20 rounds, then fine-tuning / extra rounds)"],
                highlight=lambda label: label.startswith("fedvtc"))
     write_atomic(OUT / "fedvtc_config.json", json.dumps({"machine_here": THIS_MACHINE, "results": results}, indent=1,

@@ -114,6 +114,10 @@ VTC_SYNC = "vtc_sync"
 FINETUNE = "finetune"
 
 PsiSync = Literal["once", "every_round"]
+PrototypeScale = Literal["free", "anchors"]
+ANCHOR_SCALE_NEEDS_ANCHORS = (
+    "FedVTC: prototype_scale='anchors' needs initial_prototype_sd > 0 (zero prototypes have no scale)"
+)
 FinetuneMode = Literal["epochs", "literal_fullbatch"]
 SyntheticBN = Literal["running", "batch"]
 #: BatchNorm of the classifier while it fine-tunes on synthetic images: ``"train"`` (batch
@@ -525,11 +529,17 @@ class FedVTCServer(ServerPhase):
     Args:
         finetune_rounds: steps of the fine-tuning phase (no downloads after the first).
         psi_sync: ``"once"`` or ``"every_round"``.
+        prototype_scale: ``"free"`` (the paper) or ``"anchors"``: every aggregate is rescaled by one
+            common factor to the initial anchors' mean norm (see :class:`FedVTC`).
     """
 
-    def __init__(self, finetune_rounds: int, psi_sync: PsiSync = "once") -> None:
+    def __init__(
+        self, finetune_rounds: int, psi_sync: PsiSync = "once", prototype_scale: PrototypeScale = "free"
+    ) -> None:
         self.finetune_rounds = finetune_rounds
         self.psi_sync: PsiSync = psi_sync
+        self.prototype_scale: PrototypeScale = prototype_scale
+        self.anchor_norm = 0.0
         self.num_classes = 0
         self.owned = torch.zeros(0, 0, dtype=torch.bool)
         self.prototypes = torch.zeros(0, 0)
@@ -548,6 +558,9 @@ class FedVTCServer(ServerPhase):
             raise ConfigError("FedVTC's server needs FedVTC clients (no 'latent.prototypes' in the client state)")
         self.num_classes, latent_dim = latent["prototypes"].shape
         self.prototypes = latent["prototypes"].detach().clone().float()  # the clients' initial ones (zeros: Table 5)
+        self.anchor_norm = float(self.prototypes.norm(dim=1).mean())
+        if self.prototype_scale == "anchors" and self.anchor_norm == 0.0:
+            raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS)
         self.sigma = latent["log_sigma"].detach().exp().clone()  # the clients' initial SD (prior_sd)
         self.vtc = clone_state(state_with_prefix(initial, "vtc."))
         self.rounds = context.rounds
@@ -585,6 +598,10 @@ class FedVTCServer(ServerPhase):
             owners.index_add_(0, payload.classes, torch.ones(payload.classes.numel(), dtype=torch.float64))
         seen = owners > 0
         self.prototypes[seen] = (sums[seen] / owners[seen].unsqueeze(1)).float()
+        if self.prototype_scale == "anchors":
+            norm = float(self.prototypes.norm(dim=1).mean())
+            if norm > 0.0:
+                self.prototypes *= self.anchor_norm / norm
         self.sigma = torch.stack([p.sigma.double() for p in with_stats]).mean(0).float()
 
     def download_for(self, client_id: int) -> VTCPayload | None:
@@ -664,6 +681,11 @@ class FedVTC(Algorithm):
             up the extractor, the prototypes (the features' means) follow, and at CPU budgets they
             drift outward round after round until the averaged VTC decodes no class
             (docs/fedvtc.md, "Why: the prototypes drift outward").
+        prototype_scale: ``"free"`` (the paper: the prototypes are the owners' feature means) or
+            ``"anchors"``: the server rescales each round's prototypes by one common factor to the
+            seeded anchors' mean norm (needs ``initial_prototype_sd > 0``), keeping their
+            directions and ratios. A deviation and a diagnostic: it removes the outward drift
+            while leaving ``L_dm`` in both steps.
         prior_sd: ``tau``, SD per dimension of the class prior ``N(c^y, tau^2 I)``, which is also
             the initial ``sigma`` (1: the paper's ``N(c^y, I)`` and Table 5's initial SD). Below 1 a
             deviation: it matches the prior and the sampling noise to small extractors' feature
@@ -720,6 +742,7 @@ class FedVTC(Algorithm):
         self,
         dm_weight: NonNegativeFloat = 0.1,
         dm_trains_extractor: bool = True,
+        prototype_scale: PrototypeScale = "free",
         prior_sd: PositiveFloat = 1.0,
         kl_weight: NonNegativeFloat = 1.0,
         kl_warmup_rounds: NonNegativeInt = 0,
@@ -751,6 +774,9 @@ class FedVTC(Algorithm):
             raise ConfigError(f"FedVTC: vtc_channels={vtc_channels} must be three positive channel counts")
         self.dm_weight = dm_weight
         self.dm_trains_extractor = dm_trains_extractor
+        if prototype_scale == "anchors" and initial_prototype_sd == 0.0:
+            raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS)
+        self.prototype_scale: PrototypeScale = prototype_scale
         self.prior_sd = prior_sd
         self.kl_weight = kl_weight
         self.kl_warmup_rounds = kl_warmup_rounds
@@ -824,7 +850,7 @@ class FedVTC(Algorithm):
         )
 
     def build_server(self) -> ServerPhase:
-        return FedVTCServer(self.finetune_rounds, self.psi_sync)
+        return FedVTCServer(self.finetune_rounds, self.psi_sync, self.prototype_scale)
 
     def phases(self) -> Sequence[RunPhase]:
         if self.finetune_rounds == 0:

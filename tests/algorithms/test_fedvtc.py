@@ -276,6 +276,25 @@ def test_server_averages_prototypes_over_owners_and_sigma_over_uploaders():
     assert download.nbytes() == 2 * 2 * 4 + 2 * 8 + 2 * 4  # (|Y_k| + 1) * p floats plus the class ids
 
 
+def test_anchor_scale_rescales_the_averaged_prototypes_to_the_anchors_mean_norm():
+    """Anchors (3, 4), (0, 1), (0, 0): mean norm 2. Averages (6, 8), (0, 2), kept (0, 0): mean norm 4, so x 1/2."""
+    counts = torch.tensor([[5, 5, 0]])
+    context = _context(counts=counts, clients=1)
+    initial = context.initial_client_state(0)
+    initial["latent.prototypes"] = torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]])
+    context = dataclasses.replace(context, initial_client_state=lambda cid: initial)
+    server = FedVTCServer(finetune_rounds=5, prototype_scale="anchors")
+    server.setup(context)
+    server.aggregate(0, [upload(0, _stats([0, 1], [[6.0, 8.0], [0.0, 2.0]], [1.0, 1.0]))])
+    torch.testing.assert_close(server.prototypes, torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]]))
+    free = FedVTCServer(finetune_rounds=5)
+    free.setup(context)
+    free.aggregate(0, [upload(0, _stats([0, 1], [[6.0, 8.0], [0.0, 2.0]], [1.0, 1.0]))])
+    torch.testing.assert_close(free.prototypes, torch.tensor([[6.0, 8.0], [0.0, 2.0], [0.0, 0.0]]))
+    with pytest.raises(ConfigError, match="initial_prototype_sd > 0"):
+        FedVTC(prototype_scale="anchors")
+
+
 def test_server_psi_average_of_identical_vtcs_is_the_identity_and_broadcast_is_complete():
     """Averaging identical VTCs changes nothing; the final broadcast has every class; fine-tuning is silent."""
     server = FedVTCServer(finetune_rounds=2)
