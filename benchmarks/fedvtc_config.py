@@ -28,7 +28,6 @@ from comparison import REPO, Run, execute, load, mean_std, write_atomic
 from fedvtc_mnist import synthetic_images
 
 from fedhet.bench import curves_png
-from fedhet.functional.vtc import prototype_geometry
 
 CONFIGS = REPO / "configs" / "experiments" / "mnist_vtc"
 ROWS: dict[str, tuple[str, tuple[str, ...], str]] = {  # label: (config, flags, what it is)
@@ -69,22 +68,18 @@ def plan(seeds: list[int], only: list[str] | None) -> list[Run]:
             for label, (config, flags, _) in ROWS.items() if not only or label in only for seed in seeds]
 
 
-def diagnostics(run_dir: Path, label: str, seed: int, root: Path) -> dict[str, Any]:
+def diagnostics(label: str, seed: int, root: Path) -> dict[str, Any]:
     """Held-out recognition of the run's synthetic digits and its final prototypes' geometry (cached in the run)."""
-    cached = run_dir / f"recognition_{SCORED_PER_CLASS}.json"
+    cached = root / label / f"seed{seed}" / f"recognition_{SCORED_PER_CLASS}.json"
     if cached.is_file():
-        recognition = json.loads(cached.read_text())
+        record = json.loads(cached.read_text())
     else:
-        recognition = synthetic_images(root, seed, label, grid=False, per_class=SCORED_PER_CLASS)
-        if recognition is None:
+        record = synthetic_images(root, seed, label, grid=False, per_class=SCORED_PER_CLASS)
+        if record is None:
             return {}
-        write_atomic(cached, json.dumps(recognition, indent=1))
-    server_file = run_dir / "server_vtc.pt" if (run_dir / "server_vtc.pt").is_file() else run_dir / "checkpoint.pt"
-    state = torch.load(server_file, weights_only=True, map_location="cpu")
-    server = state.get("server", state)
-    norm, separation = prototype_geometry(server["prototypes"])
-    return {"recognised": recognition["recognised_percent"], "prototype_norm": float(norm),
-            "prototype_min_distance": float(separation), "sigma_norm": float(server["sigma"].norm())}
+        write_atomic(cached, json.dumps(record, indent=1))
+    return {"recognised": record["recognised_percent"],
+            **{key: record[key] for key in ("prototype_norm", "prototype_min_distance", "sigma_norm")}}
 
 
 def collect(runs: list[Run], root: Path) -> dict[str, list[dict[str, Any]]]:
@@ -108,7 +103,7 @@ def collect(runs: list[Run], root: Path) -> dict[str, list[dict[str, Any]]]:
             "machine": json.loads(provenance.read_text())["machine"] if provenance.is_file() else THIS_MACHINE,
         }
         if run.label.startswith("fedvtc"):
-            row.update(diagnostics(run_dir, run.label, run.seed, root))
+            row.update(diagnostics(run.label, run.seed, root))
         results.setdefault(run.label, []).append(row)
     return results
 

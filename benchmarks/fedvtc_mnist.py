@@ -113,6 +113,8 @@ def synthetic_images(
 ) -> dict[str, Any] | None:
     """Decode the final FedVTC state of ``label`` seed ``seed`` and score it with a held-out classifier.
 
+    The record also holds the geometry of the state's prototypes and the norm of its ``sigma``.
+
     The state is the run's ``checkpoint.pt``, or its ``server_vtc.pt`` (the server's ``vtc``,
     ``prototypes`` and ``sigma`` alone) where the checkpoint was not kept. The scorer trains on one
     thread, so a state gets the same score on every machine with the same torch: the held-out
@@ -135,7 +137,7 @@ def _score_synthetic(checkpoint: Path, seed: int, grid: bool, per_class: int) ->
 
     from fedhet.algorithms.fedvtc import VTCDecoder, decode_latents
     from fedhet.data import LabelSkewScenario
-    from fedhet.functional.vtc import reparameterize
+    from fedhet.functional.vtc import prototype_geometry, reparameterize
     from fedhet.models import create_model
 
     state = torch.load(checkpoint, weights_only=True, map_location="cpu")
@@ -180,7 +182,10 @@ def _score_synthetic(checkpoint: Path, seed: int, grid: bool, per_class: int) ->
     return {"recognised_percent": (predicted == labels).float().mean().item() * 100, "per_class": per_class_acc,
             "synthetic_bn": mode,
             "recognised_percent_other_bn": (predicted_other == labels).float().mean().item() * 100,
-            "chance_percent": 10.0, "samples_per_class": per_class}
+            "chance_percent": 10.0, "samples_per_class": per_class,
+            **{key: float(value) for key, value in zip(("prototype_norm", "prototype_min_distance"),
+                                                       prototype_geometry(server["prototypes"]), strict=True)},
+            "sigma_norm": float(server["sigma"].norm())}
 
 
 def _grid_png(path: Path, images: torch.Tensor, per_class: int) -> None:

@@ -679,8 +679,8 @@ class FedVTC(Algorithm):
             1, ``f_k`` minimises ``CE + L_tc``). False keeps ``L_dm`` in the VTC's step (B) only, a
             deviation: pulling the features of generated images onto the prototypes also scales
             up the extractor, the prototypes (the features' means) follow, and at CPU budgets they
-            drift outward round after round until the averaged VTC decodes no class
-            (docs/fedvtc.md, "Why: the prototypes drift outward").
+            drift outward round after round until the averaged VTC decodes no class. Off, the
+            drift slows but does not stop (docs/fedvtc.md, "Why: the prototypes drift outward").
         prototype_scale: ``"free"`` (the paper: the prototypes are the owners' feature means) or
             ``"anchors"``: the server rescales each round's prototypes by one common factor to the
             seeded anchors' mean norm (needs ``initial_prototype_sd > 0``), keeping their
