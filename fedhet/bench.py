@@ -334,7 +334,8 @@ def curves_png(
 ) -> None:
     """Per-round curves, mean over seeds, of each label; one panel per metric.
 
-    ``series[label][seed][panel]`` is the list of per-round values; seeds are cut to the shortest.
+    ``series[label][seed][panel]`` is the list of per-round values; seeds are cut to the shortest. A
+    label keeps one colour in every panel, also where another label has no curve.
     """
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -342,14 +343,14 @@ def curves_png(
     fig, axes = plt.subplots(1, len(titles), figsize=(6 * len(titles), 4.2), squeeze=False)
     for panel, title in enumerate(titles):
         ax = axes[0][panel]
-        for label, per_seed in series.items():
+        for index, (label, per_seed) in enumerate(series.items()):
             curves = [c[panel] for c in per_seed if c[panel]]
             if not curves:
                 continue
             length = min(len(c) for c in curves)
             mean = [sum(c[r] for c in curves) / len(curves) for r in range(length)]
             ax.plot(range(1, length + 1), mean, label=label, marker="o" if length == 1 else None,
-                    linewidth=2.2 if highlight(label) else 1.2)
+                    color=f"C{index % 10}", linewidth=2.2 if highlight(label) else 1.2)
         ax.set_title(title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("evaluated round")
