@@ -2,11 +2,11 @@
 
 Every method runs from its shipped config, ``configs/experiments/mnist_vtc/<method>.yaml`` (10
 clients of five heterogeneous small models, half of them per round, Dir(0.1)), scaled by
-:data:`BUDGET` so that the comparison fits about 25 CPU-minutes on one thread: E = 1 local epoch
-instead of the configs' 5 (and one epoch per FedVTC fine-tuning round), the same optimizer for
-every method. At E = 1 the federated VTC decodes few recognisable digits; the configs' own budget
-is measured by ``fedvtc_config.py``. Baselines get FedVTC's 5 fine-tuning rounds
-as 5 extra full-participation rounds (their configs' ``federation.extra_rounds``).
+:data:`BUDGET` so that the comparison fits about 25 CPU-minutes on one thread: T = 5 rounds of
+E = 1 epoch instead of the configs' 20 of 5 (and one epoch per FedVTC fine-tuning round), the
+same optimizer for every method. At this budget the federated VTC decodes few recognisable
+digits; the configs' own schedule is measured by ``fedvtc_config.py``. Baselines get FedVTC's 5
+fine-tuning rounds as 5 extra full-participation rounds (their configs' ``federation.extra_rounds``).
 
 Metric: the paper's "generalization accuracy", every client's local model on the held-out global
 test set (the 1,000 test digits), averaged over clients (``acc_global``), after the last step.
