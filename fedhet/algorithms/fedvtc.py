@@ -558,7 +558,7 @@ class FedVTCServer(ServerPhase):
             raise ConfigError("FedVTC's server needs FedVTC clients (no 'latent.prototypes' in the client state)")
         self.num_classes, latent_dim = latent["prototypes"].shape
         self.prototypes = latent["prototypes"].detach().clone().float()  # the clients' initial ones (zeros: Table 5)
-        self.anchor_norm = float(self.prototypes.norm(dim=1).mean())
+        self.anchor_norm = float(prototype_geometry(self.prototypes)[0])
         if self.prototype_scale == "anchors" and self.anchor_norm == 0.0:
             raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS)
         self.sigma = latent["log_sigma"].detach().exp().clone()  # the clients' initial SD (prior_sd)
@@ -599,7 +599,7 @@ class FedVTCServer(ServerPhase):
         seen = owners > 0
         self.prototypes[seen] = (sums[seen] / owners[seen].unsqueeze(1)).float()
         if self.prototype_scale == "anchors":
-            norm = float(self.prototypes.norm(dim=1).mean())
+            norm = float(prototype_geometry(self.prototypes)[0])
             if norm > 0.0:
                 self.prototypes *= self.anchor_norm / norm
         self.sigma = torch.stack([p.sigma.double() for p in with_stats]).mean(0).float()
