@@ -28,7 +28,8 @@ ACCURACY_KEYS = ("acc_intra", "acc_inter", "acc_global", "acc_local")
 
 def measure(config: str, accelerator: str, root: Path, rounds: int | None) -> dict[str, Any]:
     """Run ``config`` on ``accelerator`` (reusing a complete run) and sum its federated rounds' times."""
-    flags = (f"--trainer.accelerator={accelerator}", "--federation.eval_every=1")
+    # one process: a config's parallel executor (mnist_vtc's two workers) would time several cores or GPU users
+    flags = (f"--trainer.accelerator={accelerator}", "--federation.eval_every=1", "--federation.executor=sequential")
     flags += ("--rounds", str(rounds)) if rounds else ()
     run = Run(f"{Path(config).stem}/{accelerator}", config, 0, flags)
     execute([run], root)

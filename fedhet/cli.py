@@ -215,6 +215,13 @@ def build_parser(prog: str = "fedhet fit") -> Any:
     )
     parser.add_argument("--rounds", type=PositiveInt, default=10, help="communication rounds")
     parser.add_argument(
+        "--threads",
+        type=PositiveInt | None,
+        default=None,
+        help="intra-op threads of this process (null: torch's default, one per core); results depend on the "
+        "thread count, so a config that pins it gives the same numbers on every machine",
+    )
+    parser.add_argument(
         "--run_dir",
         type=str | None,
         default=None,
@@ -629,6 +636,10 @@ def build_experiment(parser: Any, config: Any, logging_run: bool = True) -> Expe
     from fedhet.models import model_for_client, resolve_family
 
     check_environment(config, wandb=logging_run)
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
     objects = _instantiate(parser, config)
     for key in ("method", "scenario", "trainer", "federation"):
         _plain_numbers(objects[key])

@@ -82,6 +82,20 @@ def test_same_seed_identical_summary_metrics(tmp_path, capsys):
         assert summaries[0][block] == summaries[1][block]
 
 
+def test_threads_pins_the_intra_op_threads_and_is_saved(run_dir, capsys):
+    """``--threads`` sets torch's thread count before anything is built; the run's config records it."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        code, _, err = _fit(["--config", DIGITS, *tiny_overrides(), "--rounds", "1", "--threads", "1",
+                             "--run_dir", str(run_dir)], capsys)
+        assert code == 0, err
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["threads"] == 1
+
+
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, capsys):
     """A run killed (SIGKILL) after round 2 of 4 and resumed ends with exactly the uninterrupted metrics."""
     base = ["--config", DIGITS, *tiny_overrides(), "--rounds", "4"]
@@ -119,6 +133,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, capsys):
         (["--method=fedhet.algorithms.FedAvg"], "one architecture"),  # incompatible pair
         (["--federation.lr_schedule.kind=cosine"], "lr_schedule"),  # unknown schedule
         (["--federation.lr_schedule.final_fraction=1.5"], "final_fraction"),  # out of range
+        (["--threads=0"], "threads"),  # not a thread count
     ],
 )
 def test_bad_input_is_one_clear_line(extra, pattern, run_dir, capsys):
