@@ -26,9 +26,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from comparison import REPO, Run, execute, load, mean_std, write_atomic
-from fedvtc_mnist import synthetic_images
+from fedvtc_mnist import THIS_MACHINE, machine_of, synthetic_images
 
 from fedhet.bench import curves_png
 
@@ -102,7 +101,6 @@ def budget_of(label: str) -> str:
 FLAGS = ("--federation.eval_every=1",)
 OUT = REPO / "docs" / "results"
 ROOT = REPO / "runs" / "fedvtc_config"
-THIS_MACHINE = f"this 2-core machine (CPU, torch {torch.__version__})"
 #: Synthetic digits scored per class (500 in all: one digit moves the score by 0.2 points).
 SCORED_PER_CLASS = 50
 
@@ -138,14 +136,13 @@ def collect(runs: list[Run], root: Path) -> dict[str, list[dict[str, Any]]]:
         evaluated = [r for r in history if "acc_global" in r]
         federated = [r for r in evaluated if "phase" not in r]
         finetune = [r for r in evaluated if r.get("phase") == "finetune"]
-        provenance = run_dir / "provenance.json"
         row = {
             "seed": run.seed,
             "after_rounds": federated[-1]["acc_global"],
             "first_finetune": finetune[0]["acc_global"] if finetune else None,
             "final": evaluated[-1]["acc_global"],
             "curve": [r["acc_global"] for r in evaluated if r.get("phase") != "vtc_sync"],  # aligned with extra rounds
-            "machine": json.loads(provenance.read_text())["machine"] if provenance.is_file() else THIS_MACHINE,
+            "machine": machine_of(run_dir),
         }
         if variant_of(run.label).startswith("fedvtc"):
             row.update(diagnostics(run.label, run.seed, root))

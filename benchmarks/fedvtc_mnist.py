@@ -73,6 +73,17 @@ ROOT = REPO / "runs" / "fedvtc_mnist"
 THIS_MACHINE = f"this 2-core machine (CPU, torch {torch.__version__})"
 
 
+def machine_of(run_dir: Path) -> str:
+    """Where a run ran: its ``provenance.json``'s machine, or this one."""
+    provenance = run_dir / "provenance.json"
+    return json.loads(provenance.read_text())["machine"] if provenance.is_file() else THIS_MACHINE
+
+
+def partition_name(partition: str) -> str:
+    """``dir0.1`` -> ``Dir(0.1)``."""
+    return partition.replace("dir", "Dir(") + ")"
+
+
 def plan(seeds: list[int], only: list[str] | None) -> list[Run]:
     """Every row (or the ``only`` ones) at every seed."""
     runs = []
@@ -95,7 +106,6 @@ def collect(runs: list[Run], root: Path) -> dict[str, Any]:
         evaluated = [r for r in history if "acc_global" in r]
         rounds = [r for r in evaluated if "phase" not in r]
         curve = [r for r in evaluated if r.get("phase") != "vtc_sync"]  # aligned with the baselines' extra rounds
-        provenance = run.run_dir(root) / "provenance.json"
         row = {
             "seed": run.seed,
             "final": evaluated[-1]["acc_global"],
@@ -105,7 +115,7 @@ def collect(runs: list[Run], root: Path) -> dict[str, Any]:
             "wall_s": summary["wall_s"],
             "curve": [r["acc_global"] for r in curve],
             "phases": [r.get("phase", "federation") for r in curve],
-            "machine": json.loads(provenance.read_text())["machine"] if provenance.is_file() else THIS_MACHINE,
+            "machine": machine_of(run.run_dir(root)),
         }
         results.setdefault(run.label, {"seeds": []})["seeds"].append(row)
     for entry in results.values():
@@ -237,7 +247,7 @@ def curves_png(path: Path, results: dict[str, Any]) -> None:
             series.setdefault(NAMES.get(name, name), []).append(
                 [r["curve"] if partition == panel else [] for panel in panels])
     rounds = {r["phases"].count("federation") for e in results.values() for r in e["seeds"]}
-    titles = [f"{panel.replace('dir', 'Dir(')}): acc_global over rounds 1-{max(rounds, default=0)}, then 5 "
+    titles = [f"{partition_name(panel)}: acc_global over rounds 1-{max(rounds, default=0)}, then 5 "
               "fine-tuning / extra rounds" for panel in panels]
     _curves_png(path, series, titles, highlight=lambda name: name.startswith("FedVTC"))
 
@@ -257,7 +267,7 @@ def verdicts(results: dict[str, Any]) -> list[str]:
 
     lines = []
     for partition in ("dir0.1", "dir1.0"):
-        vtc_label, shown = f"{partition}/fedvtc", partition.replace("dir", "Dir(") + ")"
+        vtc_label, shown = f"{partition}/fedvtc", partition_name(partition)
         for baseline in ("fedproto", "fedtgp", "ccvr", "fedtype", "fedgen"):
             claim = f"- FedVTC > {NAMES[baseline]} at {shown} (Table 1): "
             vtc, value = get(vtc_label), get(f"{partition}/{baseline}")
