@@ -50,7 +50,7 @@ from fedhet.algorithms.base import (
     build_optimizer,
 )
 from fedhet.algorithms.common import head_weights
-from fedhet.core.payloads import Payload, check_shape
+from fedhet.core.payloads import Payload, check_shape, held_class_nbytes
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional.calibration import class_gaussian_stats, pool_class_gaussians
 from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -60,11 +60,20 @@ CALIBRATE = "calibrate"
 
 @dataclass(frozen=True)
 class GaussianStatsPayload(Payload):
-    """Per-class feature Gaussians: means ``[C, p]``, covariances ``[C, p, p]``, counts ``[C]`` (int64)."""
+    """Per-class feature Gaussians: means ``[C, p]``, covariances ``[C, p, p]``, counts ``[C]`` (int64).
+
+    Only the classes with a non-zero count are sent (CCVR: each client shares the statistics of
+    the classes it holds; the server, those of the classes seen so far), so :meth:`nbytes` counts
+    ``p + p^2`` floats and one int64 count per such class; the zero rows of the other classes
+    only keep the tensors dense for pooling.
+    """
 
     means: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, 0))
     covariances: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, 0, 0))
     counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def nbytes(self) -> int:
+        return held_class_nbytes(self.counts, self.means, self.covariances)
 
     def validate_shape(self, num_classes: int, dim: int, sender: str) -> None:
         """Finite values, the declared shapes, non-negative integer counts."""

@@ -18,7 +18,8 @@ where the per-sample weights come from split conformal prediction (LAC score ``1
 miscoverage ``conformal_alpha``): at the start of every local update each model's threshold is
 calibrated on the client's training data (eval mode), and on each batch the model whose
 prediction set is smaller teaches the other (``w_pp = 1`` where the proxy's set is strictly
-smaller than the private model's, ``w_pq = 1`` where the private model's is smaller or equal):
+smaller than the private model's, ``w_pq = 1`` where the private model's is smaller or equal; an
+empty set, no class above the threshold, counts as all ``C`` classes, the least certain):
 knowledge flows from the more certain model only, the asymmetry of the method's name.
 Evaluation uses the private model (FedVTC's generalisation accuracy of the local models).
 """
@@ -44,13 +45,20 @@ from fedhet.functional.calibration import conformal_scores, conformal_threshold,
 from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, UnitInterval
 
 
-def reciprocal_weights(private_sizes: Tensor, proxy_sizes: Tensor) -> tuple[Tensor, Tensor]:
+def reciprocal_weights(private_sizes: Tensor, proxy_sizes: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
     """Per-sample weights ``(proxy teaches private, private teaches proxy)`` from prediction-set sizes.
 
+    The model with the strictly smaller set teaches; on a tie the private model does. An empty
+    set counts as the least certain, like a set of all ``num_classes`` classes: with the score
+    ``1 - p_y`` a set is empty exactly when no class reaches probability ``1 - threshold``, so
+    reading its size 0 as the most certain would let the less confident model teach.
+
     Example:
-        >>> reciprocal_weights(torch.tensor([1, 3, 2]), torch.tensor([2, 1, 2]))
-        (tensor([0., 1., 0.]), tensor([1., 0., 1.]))
+        >>> reciprocal_weights(torch.tensor([1, 3, 2, 0, 1]), torch.tensor([2, 1, 2, 1, 0]), num_classes=3)
+        (tensor([0., 1., 0., 1., 0.]), tensor([1., 0., 1., 0., 1.]))
     """
+    private_sizes = torch.where(private_sizes == 0, num_classes, private_sizes)
+    proxy_sizes = torch.where(proxy_sizes == 0, num_classes, proxy_sizes)
     proxy_teaches = (proxy_sizes < private_sizes).float()
     return proxy_teaches, 1.0 - proxy_teaches
 
@@ -131,7 +139,7 @@ class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
         with torch.no_grad():
             private_sizes = prediction_set_sizes(F.softmax(private_logits, 1), self.private_threshold.to(x.device))
             proxy_sizes = prediction_set_sizes(F.softmax(proxy_logits, 1), self.proxy_threshold.to(x.device))
-        proxy_teaches, private_teaches = reciprocal_weights(private_sizes, proxy_sizes)
+        proxy_teaches, private_teaches = reciprocal_weights(private_sizes, proxy_sizes, self.num_classes)
         distillation = proxy_teaches * per_sample_kl(private_logits, proxy_logits) + private_teaches * per_sample_kl(
             proxy_logits, private_logits
         )

@@ -151,6 +151,22 @@ def check_like(
             )
 
 
+def held_class_nbytes(counts: Tensor, *per_class: Tensor) -> int:
+    """Wire bytes of per-class tensors when only the classes a sender holds are sent.
+
+    ``per_class`` tensors have one leading row per class; a class counts when ``counts[c] > 0``,
+    and each class sent carries its rows of every tensor plus its count. Rows of absent classes
+    are zero placeholders that keep the tensors dense for aggregation, and are not sent.
+
+    Example:
+        >>> held_class_nbytes(torch.tensor([3, 0, 1]), torch.zeros(3, 2), torch.zeros(3, 2, 2))
+        64
+    """
+    held = int((counts > 0).sum())
+    row = sum(t[0].numel() * t.element_size() for t in per_class if t.numel())
+    return held * (row + counts.element_size())
+
+
 @dataclass(frozen=True)
 class ClassStatsPayload(Payload):
     """Per-class statistics: prototypes (FedProto), average logits (FD), ETF-space prototypes ...
@@ -167,9 +183,7 @@ class ClassStatsPayload(Payload):
     counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     def nbytes(self) -> int:
-        held = int((self.counts > 0).sum())
-        row = self.values[0].numel() * self.values.element_size() if self.values.numel() else 0
-        return held * (row + self.counts.element_size())
+        return held_class_nbytes(self.counts, self.values)
 
     def validate_shape(self, num_classes: int, dim: int | None, sender: str = "client") -> None:
         """Validate values, then ``values`` is ``[num_classes, dim]`` and counts are non-negative."""

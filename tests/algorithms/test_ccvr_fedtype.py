@@ -27,6 +27,21 @@ def _server() -> CCVRServer:
     return server
 
 
+def test_ccvr_traffic_counts_only_the_classes_sent():
+    """Only held classes are counted: 2 of 3 classes x (2 + 4 floats x 4 B + one int64 count) = 64 B at p = 2.
+
+    The server's download counts the classes it has statistics for (here class 0 only).
+    """
+    payload = GaussianStatsPayload(
+        means=torch.zeros(3, 2), covariances=torch.zeros(3, 2, 2), counts=torch.tensor([3, 0, 1])
+    )
+    assert payload.nbytes() == 2 * (2 * 4 + 4 * 4 + 8)
+    server = _server()
+    server.aggregate(0, [upload(0, _stats([[1.0], [0.0]], [[[2.0]], [[0.0]]], [2, 0]))])
+    download = server.download_for(0)
+    assert download is not None and download.nbytes() == 1 * (4 + 4 + 8)
+
+
 def test_ccvr_server_pools_each_class_over_uploaders_and_keeps_absent_ones():
     """Class 0: A {0, 2} and B {4} pool to mean 2, variance 4; class 1 only in A (mean 7, var 1)."""
     server = _server()
@@ -75,8 +90,37 @@ def test_ccvr_calibration_moves_the_head_only():
 
 def test_fedtype_reciprocal_weights_follow_the_smaller_prediction_set():
     """The proxy teaches only where its set is strictly smaller; otherwise the private model teaches."""
-    proxy_teaches, private_teaches = reciprocal_weights(torch.tensor([1, 3, 2]), torch.tensor([2, 1, 2]))
+    proxy_teaches, private_teaches = reciprocal_weights(torch.tensor([1, 3, 2]), torch.tensor([2, 1, 2]), 3)
     assert proxy_teaches.tolist() == [0.0, 1.0, 0.0] and private_teaches.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_fedtype_empty_prediction_set_is_the_least_certain():
+    """An empty set (no class above the threshold) loses to any non-empty set and ties with a full one.
+
+    Private sizes (0, 1, 0, 0, 4), proxy sizes (1, 0, 0, 4, 0), C = 4: read as (4, 1, 4, 4, 4) and
+    (1, 4, 4, 4, 4), the proxy is strictly more certain only on the first sample.
+    """
+    proxy_teaches, private_teaches = reciprocal_weights(
+        torch.tensor([0, 1, 0, 0, 4]), torch.tensor([1, 0, 0, 4, 0]), num_classes=4
+    )
+    assert proxy_teaches.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert private_teaches.tolist() == [0.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_fedtype_loss_lets_the_nonempty_set_teach():
+    """An empty private set loses to the proxy's set {0}: the proxy teaches.
+
+    Identity private model with threshold 0.2 (p = (0.731, 0.269): no 1 - p_y <= 0.2, the set is
+    empty); proxy 2 x identity with threshold 0.5 (set {0}): loss = CEs + KL(p_proxy || p_private).
+    """
+    private, proxy = TinyLinear(), TinyLinear(head=2.0 * torch.eye(2))
+    client = FedTypeClient(private, 2, proxy, kd_weight=1.0)
+    client.private_threshold, client.proxy_threshold = torch.tensor(0.2), torch.tensor(0.5)
+    x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    p = F.softmax(torch.tensor([[1.0, 0.0]]), 1)[0]
+    q = F.softmax(torch.tensor([[2.0, 0.0]]), 1)[0]
+    expected = -p[0].log() - q[0].log() + (q * (q.log() - p.log())).sum()
+    assert client.local_loss((x, y)).item() == pytest.approx(expected.item(), abs=1e-6)
 
 
 def test_fedtype_loss_by_hand():
