@@ -122,7 +122,7 @@ def collect(runs: list[Run], root: Path) -> dict[str, Any]:
             "machine": machine_of(run.run_dir(root)),
         }
         results.setdefault(run.label, {"seeds": []})["seeds"].append(row)
-    return summarise(results)
+    return results
 
 
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
@@ -149,8 +149,7 @@ def reuse_records(results: dict[str, Any], archived: dict[str, Any], seeds: list
                 results.setdefault(label, {"seeds": []})["seeds"].append({**record, "reused": True})
         if label in results:
             results[label]["seeds"].sort(key=lambda r: r["seed"])
-    ordered = {label: results[label] for label in ROWS if label in results}
-    return summarise(ordered)
+    return {label: results[label] for label in ROWS if label in results}
 
 
 def cell(entry: dict[str, Any] | None, key: str = "final", planned: bool = True) -> str:
@@ -461,6 +460,7 @@ def main() -> None:
     archived = json.loads(args.reuse.read_text()) if args.reuse is not None else None
     if archived is not None:
         results = reuse_records(results, archived, args.seeds)
+    results = summarise(results)
     images = synthetic_images(args.root)
     if images is None and archived is not None:
         images = archived.get("images")
