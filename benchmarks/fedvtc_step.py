@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms.base import ClientModule
 from fedhet.algorithms.fedvtc import FedVTCClient, VTCDecoder, linear_feature_projection
-from fedhet.federation.trainer import silence_lightning
+from fedhet.federation.trainer import MemoryFormat, apply_memory_format, silence_lightning
 from fedhet.models import create_model, resolve_family
 
 BATCH = 16
@@ -47,12 +47,15 @@ def build(kind: str, model_name: str) -> lightning.LightningModule:
     )
 
 
-def seconds_per_step(kind: str, model_name: str, steps: int) -> float:
-    """Wall seconds per training step of a ``Trainer`` fit of ``steps`` batches, after a warm-up fit."""
+def seconds_per_step(kind: str, model_name: str, steps: int, memory_format: MemoryFormat = "contiguous") -> float:
+    """Wall seconds per training step of a ``Trainer`` fit of ``steps`` batches, after a warm-up fit.
+
+    ``memory_format`` lays the module out as ``trainer.memory_format`` does in a run.
+    """
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(steps * BATCH, 3, 28, 28, generator=generator),
                          torch.randint(0, 10, (steps * BATCH,), generator=generator))
-    module = build(kind, model_name)
+    module = apply_memory_format(build(kind, model_name), memory_format)
 
     def fit(limit: int) -> float:
         # limit_train_batches counts batches: max_steps would count optimizer steps, two per batch
@@ -68,16 +71,25 @@ def seconds_per_step(kind: str, model_name: str, steps: int) -> float:
     return fit(steps) / steps
 
 
-def main() -> None:
-    """Time both steps for every model and print the ratios."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (the results pages' runs: 1)")
-    parser.add_argument("--models", nargs="+", default=list(resolve_family("vtc_mnist5")))
+def step_timing_setup(description: str, steps: int) -> argparse.Namespace:
+    """Parse ``--steps --threads --models`` (the 28x28 ``vtc_mnist5`` models), quiet Lightning, set the threads.
+
+    Shared by the step benchmarks (this one and ``memory_format.py``); prints the settings line.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (configs' workers, pages: 1)")
+    parser.add_argument("--models", nargs="+", default=list(resolve_family("vtc_mnist5")), help="28x28 models")
     args = parser.parse_args()
     silence_lightning()
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}, batch {BATCH}, {args.steps} steps per fit (after a 5-step warm-up fit)")
+    return args
+
+
+def main() -> None:
+    """Time both steps for every model and print the ratios."""
+    args = step_timing_setup(__doc__.splitlines()[0], steps=60)
     print(f"{'model':18s} {'plain ms':>9s} {'FedVTC ms':>10s} {'ratio':>6s}")
     ratios = []
     for name in args.models:

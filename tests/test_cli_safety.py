@@ -140,6 +140,18 @@ def test_out_of_range_value_is_one_line_before_anything_is_written(config, extra
     assert not run_dir.exists()
 
 
+def test_unknown_memory_format_is_one_line_naming_the_choices(tmp_path, capsys):
+    """A layout other than contiguous or channels_last: the key, the value and both choices, exit 2."""
+    run_dir = tmp_path / "run"
+    code, out, err = _fit(["--config", SGD_CONFIG, *tiny_overrides(), "--trainer.memory_format=nhwc",
+                           f"--run_dir={run_dir}"], capsys)
+    line = _only_line(err)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "trainer.memory_format" in line and "nhwc" in line
+    assert "contiguous" in line and "channels_last" in line
+    assert not run_dir.exists()
+
+
 def test_every_method_checks_its_optimizer_ranges():
     """Each registered method's parser rejects lr <= 0, negative weight decay and momentum >= 1."""
     from jsonargparse import ArgumentParser

@@ -197,7 +197,9 @@ class FederationLoop:
         self.scenario = scenario
         self.architectures = list(architectures)
         self.trainer = trainer
-        self.server_trainer = server_trainer or ServerTrainerTemplate(accelerator=trainer.accelerator)
+        self.server_trainer = server_trainer or ServerTrainerTemplate(
+            accelerator=trainer.accelerator, memory_format=trainer.memory_format
+        )
         self.rounds = rounds
         self.seed = seed
         self.participation = participation

@@ -33,7 +33,7 @@ from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
 from fedhet.federation.lr_schedule import LRSchedule, RoundLRScale
 from fedhet.federation.state import ClientState
-from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate
+from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate, apply_memory_format
 from fedhet.seeding import derive_seed, seeded
 
 #: The phase name of the federated rounds themselves.
@@ -260,7 +260,10 @@ class ClientRuntime:
                 seed=init_seed,
                 **options,
             )
-            return self.algorithm.build_client(model, self.scenario.num_classes)
+            module = self.algorithm.build_client(model, self.scenario.num_classes)
+        # laid out once, when built, so evaluation and fits of a client use the same kernels in
+        # every process whatever ran there before (the strategy would lay it out only at a fit)
+        return apply_memory_format(module, self.trainer.memory_format)
 
     def build_network(self, architecture: str, init_seed: int) -> nn.Module:
         """A client network of ``architecture`` as the method builds it (servers evaluate these)."""

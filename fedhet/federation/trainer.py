@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -31,6 +31,26 @@ _LEAN_FLAGS: dict[str, Any] = {
     "enable_model_summary": False,
     "num_sanity_val_steps": 0,
 }
+
+
+#: How 4-D weights and activations are laid out in memory (``torch.memory_format``).
+MemoryFormat = Literal["contiguous", "channels_last"]
+
+
+def apply_memory_format(module: torch.nn.Module, memory_format: MemoryFormat) -> torch.nn.Module:
+    """Lay ``module``'s 4-D parameters and buffers out as ``memory_format``, in place; returns it.
+
+    ``channels_last`` (NHWC) lets oneDNN run convolutions, BatchNorm and pooling without
+    reordering to its blocked layouts: 1.2-1.3x faster steps for the small CNNs of the CPU
+    configs (``benchmarks/memory_format.py``, docs/performance.md). A convolution whose weight
+    is channels-last makes its output channels-last, so inputs need no conversion. The math is
+    the same, the summation order is not: numbers differ in the last bits from ``contiguous``,
+    which is therefore the default (the results pages' runs). ``Module.to`` keeps every
+    ``Parameter`` object, so optimizers built before the call still hold the module's parameters.
+    """
+    if memory_format == "channels_last":
+        module.to(memory_format=torch.channels_last)
+    return module
 
 
 _DISCOVERY_CACHED = False
@@ -91,14 +111,20 @@ class ResidentDeviceStrategy(SingleDeviceStrategy):
     when it ends: two walks over every parameter and buffer, a few milliseconds per fit for the
     small models of many-client simulations, paid once per client per round for nothing when
     everything lives on the CPU. On an accelerator the module still returns to the CPU at the
-    end of a fit, exactly as in Lightning.
+    end of a fit, exactly as in Lightning. It also lays the module out in the template's
+    ``memory_format`` (:func:`apply_memory_format`), so server stages get it as clients do.
     """
+
+    def __init__(self, *args: Any, memory_format: MemoryFormat = "contiguous", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.memory_format: MemoryFormat = memory_format
 
     def model_to_device(self) -> None:
         assert self.model is not None
         first = next(self.model.parameters(), None)
         if first is None or first.device != self.root_device:
             super().model_to_device()
+        apply_memory_format(self.model, self.memory_format)
 
     def teardown(self) -> None:
         if self.root_device.type != "cpu":
@@ -124,6 +150,10 @@ class TrainerTemplate:
         accumulate_grad_batches: gradient accumulation.
         limit_train_batches: cap batches per local epoch (int) or a fraction (float).
         deterministic: ``torch.use_deterministic_algorithms`` for each fit.
+        memory_format: ``"contiguous"`` or ``"channels_last"``: the layout of every client
+            module's 4-D weights, and so of its activations (:func:`apply_memory_format`). On
+            CPUs ``channels_last`` makes small CNNs' steps 1.2-1.3x faster, with numbers that
+            differ from ``contiguous`` in the last bits.
     """
 
     def __init__(
@@ -137,6 +167,7 @@ class TrainerTemplate:
         accumulate_grad_batches: PositiveInt = 1,
         limit_train_batches: PositiveInt | Fraction | None = None,
         deterministic: bool | None = None,
+        memory_format: MemoryFormat = "contiguous",
     ) -> None:
         if devices != 1:
             raise ConfigError(
@@ -154,6 +185,7 @@ class TrainerTemplate:
         self.accumulate_grad_batches = accumulate_grad_batches
         self.limit_train_batches = limit_train_batches
         self.deterministic = deterministic
+        self.memory_format: MemoryFormat = memory_format
 
     def trainer_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments of a lean Trainer, with ``overrides`` (e.g. another budget) applied."""
@@ -172,7 +204,7 @@ class TrainerTemplate:
         }
         flags.update(overrides)
         if flags["devices"] == 1 and "strategy" not in flags:
-            flags["strategy"] = ResidentDeviceStrategy(device=self.device())
+            flags["strategy"] = ResidentDeviceStrategy(device=self.device(), memory_format=self.memory_format)
             flags.pop("devices")
         return flags
 
@@ -209,6 +241,7 @@ class ServerTrainerTemplate:
         precision: Lightning precision string, e.g. ``"32-true"``, ``"bf16-mixed"``.
         gradient_clip_val: clip the server stages' gradients to this norm (``None``: no clipping).
         deterministic: ``torch.use_deterministic_algorithms`` for each server fit.
+        memory_format: the layout of the modules of every server fit (``trainer.memory_format``).
     """
 
     def __init__(
@@ -217,17 +250,20 @@ class ServerTrainerTemplate:
         precision: str = "32-true",
         gradient_clip_val: float | None = None,
         deterministic: bool | None = None,
+        memory_format: MemoryFormat = "contiguous",
     ) -> None:
         self._template = TrainerTemplate(
             accelerator=accelerator,
             precision=precision,
             gradient_clip_val=gradient_clip_val,
             deterministic=deterministic,
+            memory_format=memory_format,
         )
         self.accelerator = accelerator
         self.precision = precision
         self.gradient_clip_val = gradient_clip_val
         self.deterministic = deterministic
+        self.memory_format: MemoryFormat = memory_format
 
     def build(self, epochs: int | None, steps: int | None) -> pl.Trainer:
         """A fresh lean Trainer with the stage's budget: ``steps`` optimisation steps, else ``epochs`` passes."""

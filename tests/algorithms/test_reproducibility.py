@@ -8,6 +8,10 @@ Each method runs on its tiny scenario and model family (one local step per fit) 
 * ``resumed``: a fresh loop (new algorithm, scenario, runtime and server) that loads the checkpoint
   ``second`` took after round 0 (round-tripped through ``torch.save`` / ``weights_only`` load, as
   the run directory does) and runs round 1. It must end exactly where ``first`` ended.
+
+With channels-last client modules (``trainer.memory_format``) every method runs, keeps that
+layout, and a resumed run again ends exactly where the uninterrupted one did: state clones,
+aggregation and checkpoints must not assume contiguous (``view``-able) weights.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import functools
 from typing import Any
 
 import pytest
+import torch
 
 from fedhet.algorithms import list_algorithms
 from fedhet.federation.trainer import TrainerTemplate
@@ -41,8 +46,8 @@ class _CheckpointAfter:
         pass
 
 
-def _trainer() -> TrainerTemplate:
-    return TrainerTemplate(max_steps=1, accelerator="cpu")
+def _trainer(memory_format: str = "contiguous") -> TrainerTemplate:
+    return TrainerTemplate(max_steps=1, accelerator="cpu", memory_format=memory_format)
 
 
 def _snapshot(loop, summary) -> dict[str, Any]:
@@ -93,6 +98,20 @@ def test_resume_after_round_one_equals_the_uninterrupted_run(name):
     """A fresh loop resumed from the round-0 checkpoint ends with the uninterrupted run's states and metrics."""
     first, _, resumed = _runs(name)
     _assert_identical(first, resumed, f"{name} resumed")
+
+
+@pytest.mark.parametrize("name", list_algorithms())
+def test_channels_last_run_resumes_exactly(name):
+    """Channels-last modules: the method runs, keeps the layout, and a resumed run equals the uninterrupted one."""
+    checkpoint = _CheckpointAfter(0)
+    first = tiny_loop(name, trainer=_trainer("channels_last"), rounds=ROUNDS, seed=SEED, callbacks=[checkpoint])
+    first_snapshot = _snapshot(first, first.run())
+    assert checkpoint.state is not None
+    resumed = tiny_loop(name, trainer=_trainer("channels_last"), rounds=ROUNDS, seed=SEED)
+    resumed.load_checkpoint_state(checkpoint.state)
+    _assert_identical(first_snapshot, _snapshot(resumed, resumed.run()), f"{name} channels_last resumed")
+    convolutions = [p for p in first.runtime.module(first.architectures[0]).parameters() if p.dim() == 4]
+    assert convolutions and all(p.is_contiguous(memory_format=torch.channels_last) for p in convolutions)
 
 
 def test_every_client_and_the_server_state_are_compared():

@@ -2,12 +2,15 @@
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
+from fedhet.algorithms.base import ClientModule
 from fedhet.errors import CheckpointError, ConfigError, TrainingError
 from fedhet.federation.ledger import CommunicationLedger
 from fedhet.federation.payloads import ClassStatsPayload, WeightsPayload
 from fedhet.federation.sampling import clients_per_round, sample_clients
 from fedhet.federation.state import DiskStateStore, MemoryStateStore
+from fedhet.models import create_model
 
 
 def test_payload_nbytes_is_measured():
@@ -107,3 +110,28 @@ def test_trainer_device_carries_the_accelerator_index(accelerator, expected):
         strategy = TrainerTemplate(accelerator=accelerator).trainer_kwargs()["strategy"]
         assert isinstance(strategy, ResidentDeviceStrategy)
         assert strategy.root_device.index == 0
+
+
+def test_memory_format_lays_out_client_modules_and_every_fit():
+    """``channels_last``: runtime-built client modules and any module a template fits get NHWC weights.
+
+    The layout is applied when a client module is built (so its evaluation uses the same kernels
+    in every worker) and again by the strategy (server stages); optimizers keep training the
+    module's own parameters, and the default leaves weights contiguous.
+    """
+    from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate, silence_lightning
+
+    silence_lightning()
+    torch.manual_seed(0)
+    module = ClientModule(create_model("cnn_tiny", num_classes=4, in_channels=3), 4, lr=0.1)
+    before = {name: p.detach().clone() for name, p in module.named_parameters()}
+    loader = DataLoader(TensorDataset(torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))), batch_size=4)
+    server_trainer = ServerTrainerTemplate(accelerator="cpu", memory_format="channels_last")
+    server_trainer.build(epochs=1, steps=None).fit(module, loader)
+    convolutions = {name: p for name, p in module.named_parameters() if p.dim() == 4}
+    assert convolutions and all(p.is_contiguous(memory_format=torch.channels_last) for p in convolutions.values())
+    assert all(not torch.equal(p, before[name]) for name, p in convolutions.items())  # the optimizer stepped them
+
+    default = ClientModule(create_model("cnn_tiny", num_classes=4, in_channels=3), 4, lr=0.1)
+    TrainerTemplate(max_epochs=1, accelerator="cpu").build().fit(default, loader)
+    assert all(p.is_contiguous() for p in default.parameters())

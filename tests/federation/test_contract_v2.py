@@ -165,14 +165,21 @@ def test_extra_rounds_run_with_full_participation():
 
 
 # ------------------------------------------------------------------ executors
-def test_process_executor_rebuilt_from_recipe_gives_sequential_numbers():
-    """Client steps in spawned workers (runtime rebuilt from the recipe) equal the in-process run exactly."""
+@pytest.mark.parametrize("memory_format", ["contiguous", "channels_last"])
+def test_process_executor_rebuilt_from_recipe_gives_sequential_numbers(memory_format):
+    """Client steps in spawned workers (runtime rebuilt from the recipe) equal the in-process run exactly.
+
+    Also with channels-last modules: workers rebuild them in the template's layout, so the same
+    kernels run wherever a client lands.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    trainer = TrainerTemplate(max_epochs=1, accelerator="cpu", memory_format=memory_format)
     try:
-        sequential = _loop(FedProx(mu=0.01, lr=0.05), rounds=2)
+        sequential = _loop(FedProx(mu=0.01, lr=0.05), rounds=2, trainer=trainer)
         expected = sequential.run()
-        parallel = _loop(FedProx(mu=0.01, lr=0.05), rounds=2, executor=ProcessExecutor(workers=2, threads_per_worker=1))
+        parallel = _loop(FedProx(mu=0.01, lr=0.05), rounds=2, trainer=trainer,
+                         executor=ProcessExecutor(workers=2, threads_per_worker=1))
         got = parallel.run()
     finally:
         torch.set_num_threads(threads)
