@@ -14,7 +14,8 @@ identical architecture and initialisation on every client) and a learned diagona
 Rounds (``T``, participation as configured):
   download: ``c^y`` for the classes the client owns and the global ``sigma`` (classes and SD per
   participant, :class:`VTCPayload`); the client sets ``sigma_k <- sigma``.
-  local objective, alternated per mini-batch (Section 3.4): (A) ``psi_k``, ``sigma_k`` frozen,
+  local objective, alternated per mini-batch (Section 3.4; ``alternate="epoch"``: per epoch, a pass
+  of (A) then a pass of (B) over the same mini-batches): (A) ``psi_k``, ``sigma_k`` frozen,
   ``f_k`` steps on ``CE + L_tc``; (B) ``f_k`` frozen, ``psi_k`` and ``sigma_k`` step on ``L_tc``
   with a fresh forward. ``L_tc = L_rc + KL + lambda * L_dm`` (Eq. 4-6), class-normalised sums.
   upload: the client's prototypes ``c_k^y`` (eval mode, whole training set) of its classes and
@@ -43,8 +44,8 @@ Deviations and resolutions (spec section 8):
 - initial prototypes are zeros and ``sigma = 1`` (Table 5); the VTC of every client starts from
   ``vtc_init_seed`` (8 #8); BatchNorm buffers are averaged with the weights; generation runs the
   decoder in eval mode (8 #9).
-- alternation per mini-batch (8 #5); the DM term's features ``g_k(psi_k(v))`` run ``g_k`` in
-  train mode like the classification forward.
+- alternation per mini-batch (8 #5; ``alternate="epoch"`` offers the other reading); the DM
+  term's features ``g_k(psi_k(v))`` run ``g_k`` in train mode like the classification forward.
 - the server knows which classes each client owns from the label counts (class presence, which
   every upload reveals anyway) to send round-1 prototypes; they are not counted as traffic.
 - the synthetic set is drawn once per client (at its first fine-tuning step, from that step's
@@ -124,6 +125,33 @@ SyntheticBN = Literal["running", "batch"]
 #: statistics, running statistics re-estimated on the synthetic set) or ``"frozen"`` (eval mode:
 #: the running statistics of real data are kept; affine parameters still train).
 FinetuneBN = Literal["train", "frozen"]
+#: Granularity of the alternating optimisation (Section 3.4; the paper does not say, spec 8 #5):
+#: ``"batch"`` steps A then B on every mini-batch; ``"epoch"`` makes each local epoch one pass of
+#: step A over its mini-batches, then one pass of step B over the same mini-batches.
+Alternation = Literal["batch", "epoch"]
+#: Marks of a mini-batch's step in an ``alternate="epoch"`` pass (the third element of the batch).
+STEP_A, STEP_B = 0, 1
+
+
+class EpochAlternation:
+    """One local epoch of ``alternate="epoch"``: the loader's mini-batches for step A, then the same ones for step B.
+
+    The pass is drawn once (one permutation, one set of augmentations) and replayed, so step B
+    fits the VTC to exactly the data step A trained the classifier on; each batch carries its step
+    as a third tensor, which travels with it through Lightning's prefetching.
+    """
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return 2 * len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Any:
+        batches = list(self.loader)
+        for step in (STEP_A, STEP_B):
+            for x, y in batches:
+                yield x, y, torch.tensor(step)
 
 
 class VTCDecoder(nn.Module):
@@ -263,6 +291,8 @@ class FedVTCClient(ClientModule):
         pixel_std: per-channel normalisation SD of the scenario.
         dm_weight: lambda, weight of the distribution-matching loss (0: the ``L_e`` variant).
         dm_trains_extractor: ``L_dm`` in the extractor's step (A) too (True: Algorithm 1).
+        alternate: ``"batch"`` (steps A and B on every mini-batch) or ``"epoch"`` (a pass of A, then
+            a pass of B over the same mini-batches, every local epoch).
         prior_sd: ``tau``, SD of the class prior ``N(c^y, tau^2 I)`` and the initial ``sigma_k`` (1: the paper).
         kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO).
         kl_warmup_rounds: first federated rounds with the KL off (0: the paper).
@@ -298,6 +328,7 @@ class FedVTCClient(ClientModule):
         pixel_std: Sequence[float] = (1.0,),
         dm_weight: float = 0.1,
         dm_trains_extractor: bool = True,
+        alternate: Alternation = "batch",
         prior_sd: float = 1.0,
         kl_weight: float = 1.0,
         kl_warmup_rounds: int = 0,
@@ -335,6 +366,7 @@ class FedVTCClient(ClientModule):
         self.register_buffer("pixel_std", torch.tensor(list(pixel_std)).view(1, -1, 1, 1), persistent=False)
         self.dm_weight = dm_weight
         self.dm_trains_extractor = dm_trains_extractor
+        self.alternate: Alternation = alternate
         self.reduction: Reduction = reduction
         self.element_reduction: ElementReduction = element_reduction
         self.vtc_lr = vtc_lr
@@ -417,9 +449,20 @@ class FedVTCClient(ClientModule):
             if self.finetune_bn == "frozen":  # Lightning puts the module in train mode at fit start
                 freeze_batch_norm(self.model)
             return super().training_step(batch, batch_idx)
-        x, y = batch
-        model_optimizer, vtc_optimizer = self.optimizers()  # type: ignore[misc]
-        # (A) psi_k and sigma_k frozen: f_k steps on CE + L_tc
+        x, y, *step = batch
+        if step and int(step[0]) == STEP_B:  # an alternate="epoch" pass of step B: no classifier loss
+            self._vtc_step(x, y)
+            return None
+        loss = self._classifier_step(x, y)
+        if not step:  # alternate="batch": step B on the same mini-batch
+            self._vtc_step(x, y)
+        if self._trainer is not None and self.trainer.logger is not None:  # a plain Trainer with a logger
+            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+    def _classifier_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """(A) ``psi_k`` and ``sigma_k`` frozen: ``f_k`` steps on ``CE + L_tc``; returns that loss, detached."""
+        model_optimizer, _ = self.optimizers()  # type: ignore[misc]
         self._freeze(vtc=True)
         z = self.model.forward_features(x)
         ce = F.cross_entropy(self.model.forward_head(z), y)
@@ -428,7 +471,12 @@ class FedVTCClient(ClientModule):
         self.manual_backward(ce + tc)
         self._clip(self.model.parameters())
         model_optimizer.step()
-        # (B) f_k frozen: psi_k and sigma_k step on L_tc, with a fresh forward through the updated f_k
+        self.model.requires_grad_(True)
+        return (ce + tc).detach()
+
+    def _vtc_step(self, x: Tensor, y: Tensor) -> None:
+        """(B) ``f_k`` frozen: ``psi_k`` and ``sigma_k`` step on ``L_tc``, with a fresh forward through ``f_k``."""
+        _, vtc_optimizer = self.optimizers()  # type: ignore[misc]
         self._freeze(vtc=False)
         with torch.no_grad():
             z_fresh = self.model.forward_features(x)
@@ -438,10 +486,6 @@ class FedVTCClient(ClientModule):
         self._clip([*self.vtc.parameters(), self.latent.log_sigma])
         vtc_optimizer.step()
         self.model.requires_grad_(True)
-        loss = (ce + tc).detach()
-        if self._trainer is not None and self.trainer.logger is not None:  # a plain Trainer with a logger
-            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        return loss
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Clip the fine-tuning steps (automatic optimisation) with the local rounds' ``max_grad_norm``."""
@@ -477,7 +521,7 @@ class FedVTCClient(ClientModule):
 
     def stage_dataloader(self, private: Iterable[Any], seed: int) -> Iterable[Any]:
         if self.stage != FINETUNE:
-            return private
+            return EpochAlternation(private) if self.alternate == "epoch" else private
         if int(self.latent.synthetic_seed) < 0:
             self.latent.synthetic_seed.fill_(derive_seed(seed, "fedvtc-synthetic"))
         images, labels = self.synthetic_set(int(self.latent.synthetic_seed))
@@ -681,6 +725,11 @@ class FedVTC(Algorithm):
             up the extractor, the prototypes (the features' means) follow, and at CPU budgets they
             drift outward round after round until the averaged VTC decodes no class. Off, the
             drift slows but does not stop (docs/fedvtc.md, "Why: the prototypes drift outward").
+        alternate: granularity of the alternating optimisation, which the paper leaves open (spec 8
+            #5): ``"batch"`` (the spec's default: step A, then step B with a fresh forward, on
+            every mini-batch) or ``"epoch"`` (every local epoch, a pass of step A over its
+            mini-batches, then a pass of step B over the same mini-batches). Both make the same
+            passes per epoch, so they cost the same.
         prototype_scale: ``"free"`` (the paper: the prototypes are the owners' feature means) or
             ``"anchors"``: the server rescales each round's prototypes by one common factor to the
             seeded anchors' mean norm (needs ``initial_prototype_sd > 0``), keeping their
@@ -742,6 +791,7 @@ class FedVTC(Algorithm):
         self,
         dm_weight: NonNegativeFloat = 0.1,
         dm_trains_extractor: bool = True,
+        alternate: Alternation = "batch",
         prototype_scale: PrototypeScale = "free",
         prior_sd: PositiveFloat = 1.0,
         kl_weight: NonNegativeFloat = 1.0,
@@ -774,6 +824,7 @@ class FedVTC(Algorithm):
             raise ConfigError(f"FedVTC: vtc_channels={vtc_channels} must be three positive channel counts")
         self.dm_weight = dm_weight
         self.dm_trains_extractor = dm_trains_extractor
+        self.alternate: Alternation = alternate
         if prototype_scale == "anchors" and initial_prototype_sd == 0.0:
             raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS)
         self.prototype_scale: PrototypeScale = prototype_scale
@@ -829,6 +880,7 @@ class FedVTC(Algorithm):
             pixel_std=data.std if data is not None else (1.0,),
             dm_weight=self.dm_weight,
             dm_trains_extractor=self.dm_trains_extractor,
+            alternate=self.alternate,
             prior_sd=self.prior_sd,
             kl_weight=self.kl_weight,
             kl_warmup_rounds=self.kl_warmup_rounds,

@@ -154,12 +154,14 @@ def tiny_loop(
     trainer: TrainerTemplate | None = None,
     rounds: int = 2,
     seed: int = 0,
+    method_args: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> FederationLoop:
     """A loop of registered method ``name`` on a tiny scenario of ``kind`` (default: its first kind).
 
     Label-skew scenarios get public photos when the method needs public data; methods that
-    exchange features get a 16-d linear neck on every backbone.
+    exchange features get a 16-d linear neck on every backbone. ``method_args`` override the
+    method's arguments (after the fast budgets of :data:`FAST`).
     """
     caps = ALGORITHMS[name].capabilities
     kind = kind or caps.scenario_kinds[0]
@@ -171,7 +173,7 @@ def tiny_loop(
     models = resolve_family(family)
     architectures = [models[c % len(models)] for c in range(scenario.num_clients)]
     return FederationLoop(
-        ALGORITHMS[name](**FAST.get(name, {})),
+        ALGORITHMS[name](**{**FAST.get(name, {}), **(method_args or {})}),
         scenario,
         architectures,
         trainer or TrainerTemplate(max_epochs=1, accelerator="cpu"),
