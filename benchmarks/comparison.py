@@ -30,7 +30,8 @@ from fedhet.bench import child_environment, last_mean, load_run, mean_std, run_c
 from fedhet.bench import curves_png as _curves_png  # noqa: E402
 from fedhet.files import atomic_write_text as write_atomic  # noqa: E402
 
-__all__ = ["REPO", "Run", "cell", "curves_png", "execute", "last_mean", "load", "mean_std", "write_atomic"]
+__all__ = ["REPO", "Run", "cell", "curves_png", "execute", "last_mean", "load", "mean_std", "reuse_archived",
+           "write_atomic"]
 
 
 def execute(runs: Sequence[Run], root: Path, jobs: int = 1) -> None:
@@ -45,6 +46,30 @@ def execute(runs: Sequence[Run], root: Path, jobs: int = 1) -> None:
 def load(run: Run, root: Path) -> dict[str, Any]:
     """A run's summary plus its per-round records (``history``)."""
     return load_run(run.run_dir(root))
+
+
+def reuse_archived(
+    fresh: dict[str, list[dict[str, Any]]],
+    archived: dict[str, list[dict[str, Any]]],
+    labels: Sequence[str],
+    seeds: Sequence[int],
+) -> dict[str, list[dict[str, Any]]]:
+    """Per planned label, its complete runs' records plus an earlier page's records of the seeds not run anew.
+
+    A page's json keeps every run's numbers and curve, so a page can be rewritten after a subset of
+    its runs is redone (a fix, a new default) without the other runs' directories at hand. A record
+    taken from the archive is marked ``"reused": True`` so the page can say which numbers those are;
+    a run made anew always replaces its archived record. Labels keep the plan's order, seeds sort.
+    """
+    merged: dict[str, list[dict[str, Any]]] = {}
+    for label in labels:
+        records = list(fresh.get(label, []))
+        present = {r["seed"] for r in records}
+        records += [{**r, "reused": True} for r in archived.get(label, [])
+                    if r["seed"] in seeds and r["seed"] not in present]
+        if records:
+            merged[label] = sorted(records, key=lambda r: r["seed"])
+    return merged
 
 
 def curves_png(

@@ -9,7 +9,7 @@ family, with the configs' settings (p = 980, the MNIST VTC, batch 16, 28x28 digi
 0.9, clipping at 5, ``element_reduction: mean``): the real ``FedVTCClient.training_step`` and the
 base ``ClientModule`` step, each run by a plain Lightning ``Trainer`` for the same number of
 steps after a warm-up fit. It explains why ``configs/experiments/mnist_vtc/fedvtc.yaml`` takes
-several times FedProto's time at the same schedule (docs/fedvtc.md, "Runtime").
+several times FedProto's time at the same schedule (docs/fedvtc.md, "Runtime at T = 20").
 
 Run: ``python benchmarks/fedvtc_step.py [--steps 60] [--threads 1] [--models simple_cnn resnet4 ...]``.
 The last line printed is ``ratio <mean over models of FedVTC step / plain step>``.

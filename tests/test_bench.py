@@ -121,6 +121,24 @@ def test_comparison_benchmarks_share_the_grid_machinery(monkeypatch):
     assert run.run_dir(Path("/r")) == Path("/r/fccl_plus/seed1") and run.command(Path("/r"))[-2:] == ["--rounds", "2"]
 
 
+def test_a_page_rewrite_keeps_archived_records_only_where_no_run_was_made_anew(monkeypatch):
+    """``--reuse``: a fresh run replaces its archived record; archived seeds and rows outside the plan drop out."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import comparison
+
+    fresh = {"t10e5/fedvtc": [{"seed": 1, "final": 40.0}]}
+    archived = {
+        "t10e5/fedvtc": [{"seed": 0, "final": 38.0}, {"seed": 1, "final": 35.0}, {"seed": 7, "final": 1.0}],
+        "t5e5/fedproto": [{"seed": 0, "final": 34.0}],
+        "gone/row": [{"seed": 0, "final": 0.0}],
+    }
+    merged = comparison.reuse_archived(fresh, archived, ["t5e5/fedproto", "t10e5/fedvtc", "t20e5/fedtgp"], [0, 1])
+    assert list(merged) == ["t5e5/fedproto", "t10e5/fedvtc"]  # the plan's order; a row with no record is left out
+    assert merged["t10e5/fedvtc"] == [{"seed": 0, "final": 38.0, "reused": True}, {"seed": 1, "final": 40.0}]
+    assert merged["t5e5/fedproto"] == [{"seed": 0, "final": 34.0, "reused": True}]
+    assert fresh == {"t10e5/fedvtc": [{"seed": 1, "final": 40.0}]}  # the caller's records are not modified
+
+
 def test_stability_verdict_counts_current_configs_that_complete_every_seed(monkeypatch):
     """The stability page's verdict: stale rows and extra-flag variants do not count, any failure is named."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
