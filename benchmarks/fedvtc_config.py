@@ -174,11 +174,11 @@ def acceptance(results: dict[str, list[dict[str, Any]]], label: str) -> list[str
     lines = ["| seed | FedVTC after round T | first fine-tuning round | after fine-tuning | FedProto | FedTGP | "
              "above both | jumps at fine-tuning start | rises over fine-tuning |",
              "|---|---|---|---|---|---|---|---|---|"]
-    base = baseline_finals(results, budget_of(label))
+    base, checks = baseline_finals(results, budget_of(label)), tally(results, label)
     for row in results.get(label, []):
         seed = row["seed"]
         others = [base[b].get(seed) for b in BASELINES]
-        above = "not run" if None in others else ("yes" if row["final"] > max(others) else "no")
+        above = "yes" if seed in checks["above"] else "no" if seed in checks["below"] else "not run"
         jump = row["first_finetune"] - row["after_rounds"]
         rise = row["final"] - row["after_rounds"]
         cells = [f"{v:.2f}" if v is not None else "not run" for v in others]
@@ -233,9 +233,9 @@ def against_every_baseline(results: dict[str, list[dict[str, Any]]], fedvtc_rows
         shared = [r for r in rows if r["seed"] in vtc]
         if shared:
             wins = sum(vtc[r["seed"]] > r["final"] for r in shared)
-            mean = sum(r["final"] for r in rows) / len(rows)
-            cells.append((mean, f"{VARIANTS[baseline][2]} {_mean(rows, 'final')} (FedVTC above it at {wins} of "
-                                f"{len(shared)} shared seeds)"))
+            text = f"{VARIANTS[baseline][2]} {_mean(rows, 'final')} (FedVTC above it at {wins} of {len(shared)} "
+            text += "shared seeds)"
+            cells.append((mean_std([r["final"] for r in rows])[0], text))
     if not cells:
         return []
     cells.sort(key=lambda cell: -cell[0])
