@@ -85,6 +85,10 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "fedtype": FedType,
 }
 
+# A server plugin configured without a base refines FedAvg; set here, where both are imported, so
+# that the contract (base.py) imports no method.
+ServerPlugin.default_base = FedAvg
+
 
 def list_algorithms() -> list[str]:
     """Names of the registered methods."""

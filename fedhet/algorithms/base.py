@@ -16,11 +16,14 @@ A method lives in one file, ``fedhet/algorithms/<method>.py``, and defines:
   ``acc_server``. A :class:`TrainableServerPhase` is its own refine stage; a
   :class:`ServerPlugin` adds a :class:`ServerRefinement` on top of any base method chosen in
   the config (``feddf_server``, FedFTG);
-* ``<Method>(Algorithm)``: the object configs select (``method.class_path``). Its typed
-  ``__init__`` arguments are the method's hyperparameters; it builds the client modules and the
-  server and declares :class:`Capabilities` (checked against the scenario and model family
-  before anything runs), its evaluation targets and its run phases (:class:`RunPhase`, before
-  or after the rounds);
+* ``<Method>Hparams(Hyperparameters)``: the method's hyperparameters, declared once as a frozen
+  dataclass of :func:`fedhet.hparams.knob` fields (default, meaning, range, search space). The
+  Algorithm's ``__init__`` signature is generated from it (what configs and the command line
+  see); the Algorithm, its client and its server each read it as ``self.hp``;
+* ``<Method>(Algorithm)``: the object configs select (``method.class_path``). It names its
+  ``Hparams`` and ``client_type``, builds the server and declares :class:`Capabilities`
+  (checked against the scenario and model family before anything runs), its evaluation targets
+  and its run phases (:class:`RunPhase`, before or after the rounds);
 * optionally a :class:`CollaborativePhase`: all participating client modules stepping together,
   batch by batch, on public data (FCCL, FCCL+, FedMD's digest, RHFL).
 
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -50,10 +55,9 @@ from fedhet.core.payloads import Payload
 from fedhet.core.reuse import guarded_upload, init_hyperparameters
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
+from fedhet.hparams import Hyperparameters, LocalOptimizer, OptimizerName, knobs, projected
 
 Batch = tuple[Tensor, Tensor]
-OptimizerName = Literal["sgd", "adam", "adamw"]
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,18 @@ def build_optimizer(
     raise ValueError(f"unknown optimizer {name!r}; use 'sgd', 'adam' or 'adamw'")
 
 
+def hparams_for(part: type, hp: Any, overrides: Mapping[str, Any]) -> Any:
+    """``part.Hparams`` taken from ``hp`` (its Algorithm's object, or ``None`` for the defaults) plus ``overrides``.
+
+    Clients and servers read the hyperparameters their method declares; built by the Algorithm
+    they take its values, built alone the declared defaults, so the two cannot drift apart.
+    """
+    try:
+        return projected(part.Hparams, hp, **overrides)  # type: ignore[attr-defined]
+    except ConfigError as error:
+        raise ConfigError(f"{part.__name__}: {error}") from None
+
+
 class ClientModule(pl.LightningModule):
     """Base LightningModule of a federated client: one model, cross-entropy, one optimizer.
 
@@ -235,16 +251,22 @@ class ClientModule(pl.LightningModule):
     (FedGen's generator, FedKTL's latent head): they are left out of :meth:`client_state` and
     left untouched by :meth:`load_client_state`.
 
+    Hyperparameters: :attr:`Hparams` declares what the client reads (``self.hp``). Its Algorithm
+    passes its own object and the client takes the same-named fields from it; built alone,
+    ``Client(model, num_classes, lr=0.1)`` starts from the declared defaults, so a client reused
+    on its own trains the objective its method trains.
+
     Args:
         model: a backbone following the :class:`fedhet.models.FeatureClassifier` contract
             (``forward_features``, ``forward_head``, ``num_features``).
         num_classes: number of classes of the task.
-        optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: learning rate of the local optimizer.
-        momentum: SGD momentum (ignored by Adam).
-        weight_decay: L2 weight decay.
+        hp: the hyperparameters (an Algorithm's ``hp`` or any object with the same field names);
+            ``None``: the declared defaults.
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
+    #: The hyperparameters this client reads (its method's declaration).
+    Hparams: ClassVar[type[Hyperparameters]] = LocalOptimizer
     #: Sub-modules the client receives every round but does not keep (not in its stored state).
     received_modules: ClassVar[tuple[str, ...]] = ()
     #: Kept state that only shapes training, never predictions (FedDyn's gradient state, SCAFFOLD's
@@ -252,25 +274,17 @@ class ClientModule(pl.LightningModule):
     #: after the download are scored on the shared sets once.
     training_only_state: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
-        # Once per module (modules are built once per architecture, not per round); the frames
-        # are those of this __init__ and its subclasses' (Lightning's collection, weights left out).
-        self.save_hyperparameters(init_hyperparameters(inspect.currentframe()))
+        self.hp: Any = hparams_for(type(self), hp, overrides)
+        # Once per module (modules are built once per architecture, not per round): the plain init
+        # arguments of the whole subclass chain, weights left out, with ``hp`` spelled out by name
+        # so that ``load_from_checkpoint(path, model=...)`` rebuilds the same client.
+        given = init_hyperparameters(inspect.currentframe())
+        given.pop("hp", None)
+        self.save_hyperparameters({**given, **self.hp.values()})
         self.model = model
         self.num_classes = num_classes
-        self.optimizer_name: OptimizerName = optimizer
-        self.lr = lr
-        self.momentum = momentum
-        self.weight_decay = weight_decay
         # Set by the runtime before each fit: the stage being trained, the run phase, the round.
         self.stage = "local"
         self.phase = "federation"
@@ -309,8 +323,11 @@ class ClientModule(pl.LightningModule):
         self.log("test/acc", (self(x).argmax(1) == y).float().mean())
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        trainable = [p for p in self.parameters() if p.requires_grad]
-        return build_optimizer(trainable, self.optimizer_name, self.lr, self.momentum, self.weight_decay)
+        return self.local_optimizer(p for p in self.parameters() if p.requires_grad)
+
+    def local_optimizer(self, params: Iterable[Tensor]) -> torch.optim.Optimizer:
+        """The declared local optimizer (``hp.optimizer``, ``hp.lr`` ...) over ``params``."""
+        return build_optimizer(params, self.hp.optimizer, self.hp.lr, self.hp.momentum, self.hp.weight_decay)
 
     # ------------------------------------------------------------------ federation hooks
     def local_stages(self) -> Sequence[LocalStage]:
@@ -570,20 +587,72 @@ class CollaborativePhase(pl.LightningModule):
             optimizer.step()
 
 
+def _hparams_init(cls: type) -> Callable[..., None]:
+    """An ``__init__`` for ``cls`` taking its ``Hparams`` fields as keyword arguments.
+
+    jsonargparse (the command line, YAML, sweeps) reads constructor signatures, types and
+    docstrings; this one is built from the declaration: the explicit parameters of the nearest
+    hand-written ``__init__`` above (a plugin's ``base``), then one keyword per knob, with its type,
+    default and one-line meaning.
+    """
+    parent_init = next(
+        base.__dict__["__init__"]
+        for base in cls.__mro__[1:]
+        if "__init__" in base.__dict__ and getattr(base.__dict__["__init__"], "__fedhet_extra_parameters__", False)
+    )
+    signature = inspect.signature(parent_init)
+    hints = typing.get_type_hints(parent_init, globalns=vars(sys.modules[parent_init.__module__]))
+    extra = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in list(signature.parameters.values())[1:]
+        if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    ]
+    declared = knobs(cls.Hparams)  # type: ignore[attr-defined]
+    KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY  # noqa: N806
+
+    def __init__(self: Any, *args: Any, **values: Any) -> None:
+        parent_init(self, *args, **values)
+
+    parameters = [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        *extra,
+        *(inspect.Parameter(k.name, KEYWORD_ONLY, default=k.default, annotation=k.type) for k in declared),
+    ]
+    __init__.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+    __init__.__annotations__ = {p.name: p.annotation for p in parameters[1:]} | {"return": None}
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__module__ = cls.__module__
+    lines = [f"        {p.name}: {_first_line(hints, p, parent_init)}" for p in extra]
+    lines += [f"        {k.name}: {k.help}" for k in declared]
+    __init__.__doc__ = f"{cls.__name__}'s hyperparameters ({cls.Hparams.__name__}).\n\n    Args:\n" + "\n".join(lines)  # type: ignore[attr-defined]
+    return __init__
+
+
+def _first_line(hints: dict[str, Any], parameter: inspect.Parameter, function: Callable[..., Any]) -> str:
+    """The docstring line of ``parameter`` in ``function``'s ``Args:`` section (empty if none)."""
+    for line in (function.__doc__ or "").splitlines():
+        if line.strip().startswith(f"{parameter.name}:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
 class Algorithm:
     """A federated method: its hyperparameters, its parts, and what it needs.
 
-    Subclasses set the class attributes and implement :meth:`build_client` and
-    :meth:`build_server`; hyperparameters are typed ``__init__`` arguments with defaults and a
-    docstring line each (the command line and sweeps read them).
-
-    Args:
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+    Subclasses name their :attr:`Hparams` (a :class:`fedhet.hparams.Hyperparameters` dataclass)
+    and :attr:`client_type`, set the class attributes and implement :meth:`build_server`. The
+    ``__init__`` signature of every subclass is generated from its ``Hparams`` (keyword arguments
+    with the declared types, defaults and one-line meanings), so the command line, YAML,
+    ``--print_config`` and sweeps read the declaration and nothing restates it; the values are
+    kept as ``self.hp``. A subclass that needs more constructor arguments than hyperparameters (a
+    plugin's ``base``) defines ``__init__(self, <extra>, **values)``; its subclasses' signatures
+    then start with those extras.
     """
 
+    #: The method's hyperparameters (what ``__init__`` takes, what ``self.hp`` holds).
+    Hparams: ClassVar[type[Hyperparameters]] = LocalOptimizer
+    #: The client module :meth:`build_client` builds around each architecture.
+    client_type: ClassVar[type[ClientModule]] = ClientModule
     capabilities: ClassVar[Capabilities] = Capabilities()
     upload_type: ClassVar[type[Payload] | None] = None
     download_type: ClassVar[type[Payload] | None] = None
@@ -597,18 +666,30 @@ class Algorithm:
     #: FedMD-CG's code does; its "virtual global model" (G.acc) is only meaningful then.
     identical_client_init: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        self.optimizer = optimizer
-        self.lr = lr
-        self.momentum = momentum
-        self.weight_decay = weight_decay
+    def __init__(self, **values: Any) -> None:
+        try:
+            self.hp: Any = self.Hparams(**values)
+        except ConfigError as error:
+            raise ConfigError(f"{self.name}: {error}") from None
+        except TypeError as error:  # an unknown keyword from a Python caller
+            raise ConfigError(f"{self.name}: {error}; its hyperparameters: {', '.join(self.hparam_names())}") from None
         self.data_format: DataFormat | None = None
+
+    # the hand-written constructor every generated one calls (its only explicit parameter: self)
+    __init__.__fedhet_extra_parameters__ = True  # type: ignore[attr-defined]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give the subclass an ``__init__`` whose signature and docstring are its ``Hparams``' fields."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__.__fedhet_extra_parameters__ = True  # type: ignore[attr-defined]
+            return
+        cls.__init__ = _hparams_init(cls)  # type: ignore[method-assign]
+
+    @classmethod
+    def hparam_names(cls) -> list[str]:
+        """The names of the method's hyperparameters (its config keys), in declaration order."""
+        return [knob.name for knob in knobs(cls.Hparams)]
 
     @property
     def name(self) -> str:
@@ -622,18 +703,9 @@ class Algorithm:
         """Channels of the scenario's images (3 before :meth:`configure`; every built-in dataset is RGB)."""
         return self.data_format.channels if getattr(self, "data_format", None) is not None else 3
 
-    def optimizer_kwargs(self) -> dict[str, Any]:
-        """The client optimizer arguments, passed on to every :class:`ClientModule`."""
-        return {
-            "optimizer": self.optimizer,
-            "lr": self.lr,
-            "momentum": self.momentum,
-            "weight_decay": self.weight_decay,
-        }
-
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        """A client module around ``model``; called once per architecture (weights are swapped in)."""
-        return ClientModule(model, num_classes, **self.optimizer_kwargs())
+        """A :attr:`client_type` module around ``model``, reading ``self.hp``; once per architecture."""
+        return self.client_type(model, num_classes, self.hp)
 
     def build_server(self) -> ServerPhase:
         """The server (closed-form, with trained refine stages, or a composition)."""
@@ -661,45 +733,51 @@ class ServerPlugin(Algorithm):
     {base: {class_path: FedProx, init_args: {mu: 0.01}}}}``. The client optimizer settings are
     the base method's.
 
+    The plugin's own hyperparameters are its :attr:`Hparams` (no optimizer: the clients are the
+    base's); ``base`` is the one constructor argument besides them.
+
     Args:
-        base: the base method (``None``: FedAvg with its defaults).
-        needs_public_data: the refinement trains on the scenario's public data.
-        heterogeneous_models: the refinement allows several architectures (the base averages
-            within each).
+        base: the base method (``None``: :attr:`default_base` with its defaults).
     """
 
-    def __init__(
-        self, base: Algorithm | None = None, needs_public_data: bool = False, heterogeneous_models: bool | None = None
-    ) -> None:
-        if base is None:
-            from fedhet.algorithms.fedavg import FedAvg
+    Hparams: ClassVar[type[Hyperparameters]] = Hyperparameters
+    #: The base used when a config names none (FedAvg; set by the registry, which imports both).
+    default_base: ClassVar[type[Algorithm] | None] = None
+    #: The refinement trains on the scenario's public data.
+    refinement_needs_public_data: ClassVar[bool] = False
+    #: The refinement allows several architectures (the base averages within each); ``None``:
+    #: the base's rule.
+    refinement_heterogeneous_models: ClassVar[bool | None] = None
 
-            base = FedAvg()
+    def __init__(self, base: Algorithm | None = None, **values: Any) -> None:
+        super().__init__(**values)
+        if base is None:
+            if self.default_base is None:
+                raise ConfigError(f"{type(self).__name__} needs a base method: method.init_args.base")
+            base = self.default_base()
         if base.collaborative_epochs() > 0:
             raise ConfigError(f"{type(self).__name__} refines a server, but {base.name} has a lock-step phase")
         self.base = base
         caps = base.capabilities
+        heterogeneous = self.refinement_heterogeneous_models
         self.capabilities = dataclasses.replace(  # type: ignore[misc]
             caps,
-            needs_public_data=caps.needs_public_data or needs_public_data,
-            heterogeneous_models=caps.heterogeneous_models if heterogeneous_models is None else heterogeneous_models,
+            needs_public_data=caps.needs_public_data or self.refinement_needs_public_data,
+            heterogeneous_models=caps.heterogeneous_models if heterogeneous is None else heterogeneous,
         )
         self.upload_type = base.upload_type  # type: ignore[misc]
         self.download_type = base.download_type  # type: ignore[misc]
         self.evaluation = base.evaluation  # type: ignore[misc]
-        self.label_counts_uploaded = base.label_counts_uploaded  # type: ignore[misc]
-        self.data_format = None
+        self.label_counts_uploaded = type(self).label_counts_uploaded or base.label_counts_uploaded  # type: ignore[misc]
 
     @property
     def name(self) -> str:
-        return f"{type(self).__name__}({self.base.name})"
+        base = getattr(self, "base", None)  # not yet set while the plugin's own hyperparameters are checked
+        return type(self).__name__ if base is None else f"{type(self).__name__}({base.name})"
 
     def configure(self, data_format: DataFormat) -> None:
         super().configure(data_format)
         self.base.configure(data_format)
-
-    def optimizer_kwargs(self) -> dict[str, Any]:
-        return self.base.optimizer_kwargs()
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         return self.base.build_client(model, num_classes)

@@ -40,6 +40,7 @@ from fedhet.algorithms.base import (
     ServerPhase,
     TrainableServerPhase,
     build_optimizer,
+    hparams_for,
 )
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload, check_shape
 from fedhet.core.state import clone_state, copy_state_into
@@ -50,7 +51,17 @@ from fedhet.functional import (
     prototype_examples,
     weighted_average,
 )
-from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
+from fedhet.hparams import (
+    Hyperparameters,
+    LocalOptimizer,
+    Momentum,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    knob,
+    log_uniform,
+)
 from fedhet.seeding import derive_seed
 
 MODEL_PREFIX = "model."
@@ -306,34 +317,26 @@ class SeparatelyClippedClient(ClientModule):
 Weighting = Literal["count", "uniform"]
 
 
+@dataclass(frozen=True)
+class ClassMeanRegularizedHparams(LocalOptimizer):
+    """The hyperparameters of a :class:`ClassMeanRegularizedClient` (FedProto, FD, FedGH, FedTGP)."""
+
+    lam: NonNegativeFloat = knob(
+        0.1, "weight of the pull of a sample's statistic to its class's global value", log_uniform(1e-3, 10.0)
+    )
+
+
 class ClassMeanRegularizedClient(ClientModule):
     """Cross-entropy plus ``lam * MSE(s(x), global[y])`` for a per-sample statistic ``s``.
 
     The statistic is the feature vector (FedProto) or the logits (FD); the client uploads its
     class means of the statistic. Subclasses define :meth:`statistic_and_logits`.
-
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        lam: weight of the regulariser.
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        lam: float = 0.1,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.lam = lam
+    Hparams = ClassMeanRegularizedHparams
+
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.global_means: Tensor | None = None
         self.global_present: Tensor | None = None
 
@@ -353,7 +356,7 @@ class ClassMeanRegularizedClient(ClientModule):
             means = self.global_means.to(statistic.device)
             known = self.global_present.to(y.device)[y]
             if bool(known.any()):
-                loss = loss + self.lam * self.regulariser(statistic[known], means[y[known]])
+                loss = loss + self.hp.lam * self.regulariser(statistic[known], means[y[known]])
         return loss
 
     def on_receive(self, download: Payload | None) -> None:
@@ -449,27 +452,30 @@ class EpochShuffledBatches(Sampler[list[int]]):
         return self.epochs * -(-self.size // self.batch_size)
 
 
+@dataclass(frozen=True)
+class PrototypeServerHparams(LocalOptimizer):
+    """The server settings of a :class:`PrototypeTrainingServer` (FedGH, FedTGP; HtFLlib's names)."""
+
+    server_lr: PositiveFloat = knob(0.01, "learning rate of the server's SGD (HtFLlib -slr)", log_uniform(1e-3, 1.0))
+    server_epochs: PositiveInt = knob(100, "passes over the round's uploaded prototypes per round (HtFLlib -se)")
+    server_batch_size: PositiveInt = knob(10, "prototypes per server step (HtFLlib: the client batch size)")
+
+
 class PrototypeTrainingServer(TrainableServerPhase, ABC):
     """A server trained each round on the uploaded (class prototype, class) pairs (FedGH, FedTGP).
 
     Subclasses build their trainable parts in :meth:`build` and define :meth:`prototype_loss`.
 
     Args:
-        server_lr: learning rate of the server's SGD.
-        server_epochs: passes over the round's prototypes per round.
-        server_batch_size: prototypes per server step.
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(self, server_lr: float = 0.01, server_epochs: int = 100, server_batch_size: int = 10) -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = PrototypeServerHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
-        if server_epochs < 1 or server_batch_size < 1 or server_lr <= 0:
-            raise ConfigError(
-                f"server_epochs={server_epochs}, server_batch_size={server_batch_size} and server_lr={server_lr} "
-                "must all be positive"
-            )
-        self.server_lr = server_lr
-        self.server_epochs = server_epochs
-        self.server_batch_size = server_batch_size
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.num_classes = 0
         self.feature_dim = 0
         self.round_prototypes = torch.zeros(0, 0)
@@ -508,7 +514,7 @@ class PrototypeTrainingServer(TrainableServerPhase, ABC):
 
     def server_dataloader(self, seed: int) -> DataLoader:
         dataset = TensorDataset(self.round_prototypes, self.round_labels)
-        sampler = EpochShuffledBatches(len(dataset), self.server_batch_size, self.server_epochs)
+        sampler = EpochShuffledBatches(len(dataset), self.hp.server_batch_size, self.hp.server_epochs)
         return DataLoader(dataset, batch_sampler=sampler)
 
     # ------------------------------------------------------------------ Lightning hooks
@@ -523,7 +529,7 @@ class PrototypeTrainingServer(TrainableServerPhase, ABC):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return build_optimizer(self.parameters(), "sgd", self.server_lr, 0.0, 0.0)
+        return build_optimizer(self.parameters(), "sgd", self.hp.server_lr, 0.0, 0.0)
 
     def metrics(self) -> dict[str, float]:
         """``loss``: the mean server loss over this round's server steps."""

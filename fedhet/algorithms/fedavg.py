@@ -17,12 +17,9 @@ and rounded rather than left undefined.
 
 from __future__ import annotations
 
-from torch import nn
-
 from fedhet.algorithms.base import (
     Algorithm,
     Capabilities,
-    ClientModule,
     ServerPhase,
 )
 from fedhet.algorithms.common import MODEL_PREFIX, SubmoduleAveragingServer, SubmoduleSharingClient
@@ -48,22 +45,13 @@ class FedAvgServer(SubmoduleAveragingServer):
 
 
 class FedAvg(Algorithm):
-    """FedAvg (homogeneous models only).
+    """FedAvg (homogeneous models only); its hyperparameters are the shared local optimizer's."""
 
-    Args:
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    client_type = FedAvgClient
     capabilities = Capabilities(heterogeneous_models=False)
     upload_type = WeightsPayload
     download_type = WeightsPayload
     evaluation = ("clients", "server")
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedAvgClient(model, num_classes, **self.optimizer_kwargs())
 
     def build_server(self) -> ServerPhase:
         return FedAvgServer()

@@ -27,25 +27,31 @@ Heterogeneous backbones emit one feature dimension through ``feature_dim`` (HtFL
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import (
-    Algorithm,
-    Capabilities,
-    ClientModule,
-    OptimizerName,
-    ServerContext,
-)
-from fedhet.algorithms.common import FedProtoClient, PrototypeTrainingServer
+from fedhet.algorithms.base import Algorithm, Capabilities, ServerContext
+from fedhet.algorithms.common import FedProtoClient, PrototypeServerHparams, PrototypeTrainingServer
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
+
+
+@dataclass(frozen=True)
+class FedGHHparams(PrototypeServerHparams):
+    """FedGH's hyperparameters: the local optimizer and the global head's server SGD (HtFLlib's defaults)."""
 
 
 class FedGHClient(FedProtoClient):
-    """Cross-entropy only; uploads its class prototypes and takes the global head each round."""
+    """Cross-entropy only; uploads its class prototypes and takes the global head each round.
+
+    It receives a head, never global prototypes, so the inherited regulariser (and ``lam``) never
+    applies: its hyperparameters are FedGH's.
+    """
+
+    Hparams = FedGHHparams
 
     def on_receive(self, download: Payload | None) -> None:
         if isinstance(download, WeightsPayload):
@@ -54,6 +60,8 @@ class FedGHClient(FedProtoClient):
 
 class FedGHServer(PrototypeTrainingServer):
     """Trains the generalized global head on the uploaded prototypes with cross-entropy."""
+
+    Hparams = FedGHHparams
 
     def build(self, context: ServerContext, initial_head: dict[str, Tensor]) -> None:
         self.head = nn.Linear(self.feature_dim, self.num_classes)
@@ -73,39 +81,16 @@ class FedGHServer(PrototypeTrainingServer):
 
 
 class FedGH(Algorithm):
-    """FedGH (heterogeneous backbones; needs one feature dimension).
+    """FedGH (heterogeneous backbones; needs one feature dimension)."""
 
-    Args:
-        server_lr: learning rate of the server's SGD on the global head (HtFLlib ``-slr``).
-        server_epochs: passes over the round's uploaded prototypes per round (HtFLlib ``-se``).
-        server_batch_size: prototypes per server step (HtFLlib uses the client batch size, 10).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = FedGHHparams
+    client_type = FedGHClient
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
     upload_type = ClassStatsPayload
     download_type = WeightsPayload
 
-    def __init__(
-        self,
-        server_lr: PositiveFloat = 0.01,
-        server_epochs: PositiveInt = 100,
-        server_batch_size: PositiveInt = 10,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.server_lr = server_lr
-        self.server_epochs = server_epochs
-        self.server_batch_size = server_batch_size
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedGHClient(model, num_classes, lam=0.0, **self.optimizer_kwargs())
-
     def build_server(self) -> FedGHServer:
-        return FedGHServer(self.server_lr, self.server_epochs, self.server_batch_size)
+        return FedGHServer(self.hp)
+
+
+__all__ = ["FedGH", "FedGHClient", "FedGHHparams", "FedGHServer"]

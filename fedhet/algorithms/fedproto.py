@@ -22,51 +22,32 @@ emit one feature dimension through ``feature_dim`` (HtFLlib's ``-fd``).
 
 from __future__ import annotations
 
-from torch import nn
+from dataclasses import dataclass
 
-from fedhet.algorithms.base import (
-    Algorithm,
-    Capabilities,
-    ClientModule,
-    OptimizerName,
-    ServerPhase,
-)
-from fedhet.algorithms.common import ClassMeanServer, FedProtoClient, Weighting
+from fedhet.algorithms.base import Algorithm, Capabilities, ServerPhase
+from fedhet.algorithms.common import ClassMeanRegularizedHparams, ClassMeanServer, FedProtoClient, Weighting
 from fedhet.core.payloads import ClassStatsPayload
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
+from fedhet.hparams import knob
+
+
+@dataclass(frozen=True)
+class FedProtoHparams(ClassMeanRegularizedHparams):
+    """FedProto's hyperparameters (``lam`` is the paper's lambda, the prototype regulariser's weight)."""
+
+    proto_weighting: Weighting = knob("count", "global prototype weighting: count (paper Eq. 6) or uniform (HtFLlib)")
 
 
 class FedProto(Algorithm):
-    """FedProto (heterogeneous models; needs one feature dimension).
+    """FedProto (heterogeneous models; needs one feature dimension)."""
 
-    Args:
-        lam: weight of the prototype regulariser (lambda in the paper).
-        proto_weighting: ``"count"`` (paper Eq. 6) or ``"uniform"`` (HtFLlib).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = FedProtoHparams
+    client_type = FedProtoClient
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
     upload_type = ClassStatsPayload
     download_type = ClassStatsPayload
 
-    def __init__(
-        self,
-        lam: NonNegativeFloat = 0.1,
-        proto_weighting: Weighting = "count",
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.lam = lam
-        self.proto_weighting: Weighting = proto_weighting
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedProtoClient(model, num_classes, lam=self.lam, **self.optimizer_kwargs())
-
     def build_server(self) -> ServerPhase:
-        return ClassMeanServer(self.proto_weighting)
+        return ClassMeanServer(self.hp.proto_weighting)
+
+
+__all__ = ["FedProto", "FedProtoHparams"]

@@ -15,41 +15,33 @@ updates, stragglers) are not simulated; every client runs the configured local b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientModule, OptimizerName
+from fedhet.algorithms.base import Batch
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import proximal_term
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
+from fedhet.hparams import LocalOptimizer, NonNegativeFloat, knob, log_uniform
+
+
+@dataclass(frozen=True)
+class FedProxHparams(LocalOptimizer):
+    """FedProx's hyperparameters."""
+
+    mu: NonNegativeFloat = knob(0.01, "weight of the proximal term (0 gives FedAvg)", log_uniform(1e-4, 1.0))
 
 
 class FedProxClient(FedAvgClient):
-    """Cross-entropy plus ``mu/2 * ||w - w_t||^2``.
+    """Cross-entropy plus ``mu/2 * ||w - w_t||^2``."""
 
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        mu: weight of the proximal term.
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
+    Hparams = FedProxHparams
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        mu: float = 0.01,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.mu = mu
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.reference: list[Tensor] = []
 
     def on_receive(self, download: Payload | None) -> None:
@@ -65,7 +57,7 @@ class FedProxClient(FedAvgClient):
         loss = F.cross_entropy(self.model(x), y)
         if self.reference:
             reference = [r.to(loss.device) for r in self.reference]
-            loss = loss + self.mu / 2 * proximal_term(self.model.parameters(), reference)
+            loss = loss + self.hp.mu / 2 * proximal_term(self.model.parameters(), reference)
         return loss
 
     def on_fit_start(self) -> None:
@@ -73,29 +65,10 @@ class FedProxClient(FedAvgClient):
 
 
 class FedProx(FedAvg):
-    """FedProx (homogeneous models only).
+    """FedProx (homogeneous models only)."""
 
-    Args:
-        mu: weight of the proximal term (0 gives FedAvg).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
-    def __init__(
-        self,
-        mu: NonNegativeFloat = 0.01,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.mu = mu
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedProxClient(model, num_classes, mu=self.mu, **self.optimizer_kwargs())
+    Hparams = FedProxHparams
+    client_type = FedProxClient
 
 
-__all__ = ["FedProx", "FedProxClient"]
+__all__ = ["FedProx", "FedProxClient", "FedProxHparams"]
