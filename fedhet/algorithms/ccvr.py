@@ -44,7 +44,6 @@ from fedhet.algorithms.base import (
     ClientModule,
     ClientUpload,
     LocalStage,
-    OptimizerName,
     ServerContext,
     ServerPhase,
     build_optimizer,
@@ -53,7 +52,16 @@ from fedhet.algorithms.common import head_weights
 from fedhet.core.payloads import Payload, check_shape, held_class_nbytes
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional.calibration import class_gaussian_stats, pool_class_gaussians
-from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from fedhet.hparams import (
+    LocalOptimizer,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    int_uniform,
+    knob,
+    log_uniform,
+)
 
 CALIBRATE = "calibrate"
 
@@ -100,55 +108,38 @@ def sampling_factor(covariance: Tensor, jitter: float) -> Tensor:
     return vectors * (values.clamp_min(0.0) + jitter).sqrt()
 
 
+@dataclass(frozen=True)
+class CCVRHparams(LocalOptimizer):
+    """CCVR's hyperparameters: the local optimizer and the head's calibration on virtual features."""
+
+    virtual_per_class: PositiveInt = knob(
+        50, "virtual features per class for each calibration (FedVTC: S/C = 50 on MNIST)", int_uniform(10, 500)
+    )
+    calibration_epochs: NonNegativeInt = knob(1, "epochs of head calibration per round", int_uniform(0, 5))
+    calibration_lr: PositiveFloat = knob(0.01, "SGD learning rate of the calibration", log_uniform(1e-4, 1.0))
+    calibration_batch_size: PositiveInt = knob(16, "virtual features per calibration step")
+    jitter: NonNegativeFloat = knob(1e-4, "added to the covariance diagonal before sampling")
+
+
 class CCVRClient(ClientModule):
-    """Cross-entropy locally, then the head calibrated on virtual features of the global Gaussians.
+    """Cross-entropy locally, then the head calibrated on virtual features of the global Gaussians."""
 
-    Args:
-        model: the backbone (``forward_features`` / ``forward_head``).
-        num_classes: number of classes.
-        virtual_per_class: virtual features drawn per class.
-        calibration_epochs: epochs over the virtual features.
-        calibration_lr: learning rate of the head's calibration (SGD).
-        calibration_batch_size: virtual features per calibration step.
-        jitter: added to every covariance diagonal before sampling.
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
+    Hparams = CCVRHparams
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        virtual_per_class: int = 50,
-        calibration_epochs: int = 1,
-        calibration_lr: float = 0.01,
-        calibration_batch_size: int = 16,
-        jitter: float = 1e-4,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.virtual_per_class = virtual_per_class
-        self.calibration_epochs = calibration_epochs
-        self.calibration_lr = calibration_lr
-        self.calibration_batch_size = calibration_batch_size
-        self.jitter = jitter
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.global_means: Tensor | None = None
         self.global_covariances: Tensor | None = None
         self.global_present: Tensor | None = None
 
     def local_stages(self) -> Sequence[LocalStage]:
-        if self.global_means is None or self.calibration_epochs == 0:
+        if self.global_means is None or self.hp.calibration_epochs == 0:
             return (LocalStage(),)
-        return (LocalStage(), LocalStage(CALIBRATE, epochs=self.calibration_epochs))
+        return (LocalStage(), LocalStage(CALIBRATE, epochs=self.hp.calibration_epochs))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.stage == CALIBRATE:
-            return build_optimizer(self.model.head.parameters(), "sgd", self.calibration_lr, 0.0, 0.0)
+            return build_optimizer(self.model.head.parameters(), "sgd", self.hp.calibration_lr, 0.0, 0.0)
         return super().configure_optimizers()
 
     def local_loss(self, batch: Batch) -> Tensor:
@@ -165,10 +156,10 @@ class CCVRClient(ClientModule):
         features, labels = [], []
         dim = self.global_means.shape[1]
         for c in torch.nonzero(self.global_present).flatten().tolist():
-            factor = sampling_factor(self.global_covariances[c].double(), self.jitter)
-            noise = torch.randn(self.virtual_per_class, dim, generator=generator, dtype=torch.float64)
+            factor = sampling_factor(self.global_covariances[c].double(), self.hp.jitter)
+            noise = torch.randn(self.hp.virtual_per_class, dim, generator=generator, dtype=torch.float64)
             features.append((self.global_means[c].double() + noise @ factor.T).float())
-            labels.append(torch.full((self.virtual_per_class,), c, dtype=torch.long))
+            labels.append(torch.full((self.hp.virtual_per_class,), c, dtype=torch.long))
         return torch.cat(features), torch.cat(labels)
 
     def stage_dataloader(self, private: Iterable[Any], seed: int) -> Iterable[Any]:
@@ -176,9 +167,8 @@ class CCVRClient(ClientModule):
             return private
         features, labels = self.virtual_features(seed)
         generator = torch.Generator().manual_seed(seed)
-        return DataLoader(
-            TensorDataset(features, labels), batch_size=self.calibration_batch_size, shuffle=True, generator=generator
-        )
+        batch_size = self.hp.calibration_batch_size
+        return DataLoader(TensorDataset(features, labels), batch_size=batch_size, shuffle=True, generator=generator)
 
     def on_receive(self, download: Payload | None) -> None:
         if isinstance(download, GaussianStatsPayload):
@@ -250,54 +240,16 @@ class CCVRServer(ServerPhase):
 
 
 class CCVR(Algorithm):
-    """CCVR for heterogeneous models (needs one feature dimension: its Gaussians live in it).
+    """CCVR for heterogeneous models (needs one feature dimension: its Gaussians live in it)."""
 
-    Args:
-        virtual_per_class: virtual features per class for each calibration (FedVTC: S/C = 50 on MNIST).
-        calibration_epochs: epochs of head calibration per round.
-        calibration_lr: SGD learning rate of the calibration.
-        calibration_batch_size: virtual features per calibration step.
-        jitter: added to the covariance diagonal before sampling.
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = CCVRHparams
+    client_type = CCVRClient
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True, scenario_kinds=("label_skew",))
     upload_type = GaussianStatsPayload
     download_type = GaussianStatsPayload
 
-    def __init__(
-        self,
-        virtual_per_class: PositiveInt = 50,
-        calibration_epochs: NonNegativeInt = 1,
-        calibration_lr: PositiveFloat = 0.01,
-        calibration_batch_size: PositiveInt = 16,
-        jitter: NonNegativeFloat = 1e-4,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.virtual_per_class = virtual_per_class
-        self.calibration_epochs = calibration_epochs
-        self.calibration_lr = calibration_lr
-        self.calibration_batch_size = calibration_batch_size
-        self.jitter = jitter
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return CCVRClient(
-            model,
-            num_classes,
-            virtual_per_class=self.virtual_per_class,
-            calibration_epochs=self.calibration_epochs,
-            calibration_lr=self.calibration_lr,
-            calibration_batch_size=self.calibration_batch_size,
-            jitter=self.jitter,
-            **self.optimizer_kwargs(),
-        )
-
     def build_server(self) -> ServerPhase:
         return CCVRServer()
+
+
+__all__ = ["CCVR", "CCVRClient", "CCVRHparams", "CCVRServer", "GaussianStatsPayload"]

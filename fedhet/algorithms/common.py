@@ -344,6 +344,10 @@ class ClassMeanRegularizedClient(ClientModule):
         """The shared statistic of each sample, and the logits (abstract)."""
         raise NotImplementedError(f"abstract: {type(self).__name__} must define statistic_and_logits()")
 
+    def regulariser_weight(self) -> float:
+        """The regulariser's weight (``lam``; FD calls it ``gamma``)."""
+        return self.hp.lam
+
     def regulariser(self, statistic: Tensor, targets: Tensor) -> Tensor:
         """Distance of each sample's statistic to its class's global value (MSE; FD may use cross-entropy)."""
         return F.mse_loss(statistic, targets)
@@ -356,7 +360,7 @@ class ClassMeanRegularizedClient(ClientModule):
             means = self.global_means.to(statistic.device)
             known = self.global_present.to(y.device)[y]
             if bool(known.any()):
-                loss = loss + self.hp.lam * self.regulariser(statistic[known], means[y[known]])
+                loss = loss + self.regulariser_weight() * self.regulariser(statistic[known], means[y[known]])
         return loss
 
     def on_receive(self, download: Payload | None) -> None:

@@ -32,92 +32,62 @@ training).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from fedhet.algorithms.base import Algorithm, Capabilities, ClientModule, OptimizerName, ServerPhase
+from fedhet.algorithms.base import Algorithm, Capabilities, ServerPhase
 from fedhet.algorithms.common import ClassMeanRegularizedClient, ClassMeanServer, Weighting
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.functional import logit_cross_entropy
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
+from fedhet.hparams import LocalOptimizer, NonNegativeFloat, knob, log_uniform
 
 Distillation = Literal["mse", "ce"]
 
 
+@dataclass(frozen=True)
+class FDHparams(LocalOptimizer):
+    """FD's hyperparameters."""
+
+    gamma: NonNegativeFloat = knob(1.0, "weight of the logit regulariser", log_uniform(1e-3, 10.0))
+    logit_weighting: Weighting = knob("uniform", "global logit weighting: uniform (HtFLlib) or count (by examples)")
+    distillation: Distillation = knob(
+        "mse",
+        "the regulariser: mse to the global logits (HtFLlib) or ce, the cross-entropy to their softmax "
+        "(the paper; bounded, so it does not diverge)",
+    )
+
+
 class FDClient(ClassMeanRegularizedClient):
-    """The statistic is the logit vector; the regulariser is HtFLlib's MSE or the paper's cross-entropy.
+    """The statistic is the logit vector; the regulariser is HtFLlib's MSE or the paper's cross-entropy."""
 
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        lam: gamma, weight of the regulariser.
-        distillation: ``"mse"`` (HtFLlib) or ``"ce"`` (paper).
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        lam: float = 1.0,
-        distillation: Distillation = "mse",
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, lam, optimizer, lr, momentum, weight_decay)
-        self.distillation: Distillation = distillation
+    Hparams = FDHparams
 
     def statistic_and_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
         logits = self.model(x)
         return logits, logits
 
+    def regulariser_weight(self) -> float:
+        return self.hp.gamma
+
     def regulariser(self, statistic: Tensor, targets: Tensor) -> Tensor:
-        if self.distillation == "ce":
+        if self.hp.distillation == "ce":
             return logit_cross_entropy(statistic, targets)
         return super().regulariser(statistic, targets)
 
 
 class FD(Algorithm):
-    """FD / FedDistill (heterogeneous models).
+    """FD / FedDistill (heterogeneous models)."""
 
-    Args:
-        gamma: weight of the logit regulariser.
-        logit_weighting: ``"uniform"`` (HtFLlib) or ``"count"`` (example-weighted).
-        distillation: the regulariser, ``"mse"`` to the global logits (HtFLlib) or ``"ce"``, the
-            cross-entropy to their softmax (the paper; bounded, so it does not diverge).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = FDHparams
+    client_type = FDClient
     capabilities = Capabilities(heterogeneous_models=True)
     upload_type = ClassStatsPayload
     download_type = ClassStatsPayload
 
-    def __init__(
-        self,
-        gamma: NonNegativeFloat = 1.0,
-        logit_weighting: Weighting = "uniform",
-        distillation: Distillation = "mse",
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.gamma = gamma
-        self.logit_weighting: Weighting = logit_weighting
-        self.distillation: Distillation = distillation
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FDClient(model, num_classes, lam=self.gamma, distillation=self.distillation, **self.optimizer_kwargs())
-
     def build_server(self) -> ServerPhase:
-        return ClassMeanServer(self.logit_weighting)
+        return ClassMeanServer(self.hp.logit_weighting)
+
+
+__all__ = ["FD", "FDClient", "FDHparams"]

@@ -60,21 +60,12 @@ class FedPerServer(SubmoduleAveragingServer):
 
 
 class FedPer(Algorithm):
-    """FedPer (homogeneous models: the base layers are averaged).
+    """FedPer (homogeneous models: the base layers are averaged)."""
 
-    Args:
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    client_type = FedPerClient
     capabilities = Capabilities(heterogeneous_models=False)
     upload_type = WeightsPayload
     download_type = WeightsPayload
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedPerClient(model, num_classes, **self.optimizer_kwargs())
 
     def build_server(self) -> ServerPhase:
         return FedPerServer()

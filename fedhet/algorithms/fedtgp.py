@@ -43,6 +43,7 @@ paper nor HtFLlib does (``docs/results/stability.md``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -53,14 +54,11 @@ from fedhet.algorithms.base import (
     Algorithm,
     Batch,
     Capabilities,
-    ClientModule,
     ClientUpload,
-    OptimizerName,
     ServerContext,
 )
-from fedhet.algorithms.common import FedProtoClient, PrototypeTrainingServer
+from fedhet.algorithms.common import FedProtoClient, PrototypeServerHparams, PrototypeTrainingServer
 from fedhet.core.payloads import ClassStatsPayload
-from fedhet.errors import ConfigError
 from fedhet.functional import (
     adaptive_margin,
     aggregate_class_means,
@@ -69,7 +67,7 @@ from fedhet.functional import (
     prototype_alignment_loss,
 )
 from fedhet.functional.prototype_learning import AlignmentDistance
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
+from fedhet.hparams import NonNegativeFloat, knob, log_uniform
 from fedhet.seeding import derive_seed, seeded
 
 Prediction = Literal["head", "prototype"]
@@ -93,36 +91,27 @@ class TrainablePrototypes(nn.Module):
         return self.fc(self.middle(self.embeddings.weight))
 
 
+@dataclass(frozen=True)
+class FedTGPHparams(PrototypeServerHparams):
+    """FedTGP's hyperparameters (HtFLlib's names; its server SGD reuses the local rate, 0.01)."""
+
+    lam: NonNegativeFloat = knob(
+        10.0,
+        "weight of the client's prototype regulariser (10 with MSE, the authors' scripts; the paper's 0.1 goes "
+        "with prototype_distance=euclidean)",
+        log_uniform(1e-2, 100.0),
+    )
+    prototype_distance: AlignmentDistance = knob("mse", "mse (authors' code) or euclidean (paper Eq. 4)")
+    prediction: Prediction = knob(
+        "head", "head (the client's classifier) or prototype (nearest global prototype, HtFLlib's evaluation)"
+    )
+    margin_threshold: NonNegativeFloat = knob(100.0, "tau, the cap of the adaptive margin (HtFLlib -mart)")
+
+
 class FedTGPClient(FedProtoClient):
-    """FedProto's client with TGP's distance choice and optional nearest-prototype prediction.
+    """FedProto's client with TGP's distance choice and optional nearest-prototype prediction."""
 
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        lam: weight of the prototype regulariser.
-        prototype_distance: ``"mse"`` (authors' code) or ``"euclidean"`` (paper Eq. 4).
-        prediction: ``"head"`` or ``"prototype"`` (nearest global prototype, HtFLlib).
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        lam: float = 10.0,
-        prototype_distance: AlignmentDistance = "mse",
-        prediction: Prediction = "head",
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, lam, optimizer, lr, momentum, weight_decay)
-        self.prototype_distance: AlignmentDistance = prototype_distance
-        self.prediction: Prediction = prediction
+    Hparams = FedTGPHparams
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
@@ -132,11 +121,12 @@ class FedTGPClient(FedProtoClient):
             known = self.global_present.to(y.device)[y]
             if bool(known.any()):
                 targets = self.global_means.to(features.device)[y[known]]
-                loss = loss + self.lam * prototype_alignment_loss(features[known], targets, self.prototype_distance)
+                distance = self.hp.prototype_distance
+                loss = loss + self.hp.lam * prototype_alignment_loss(features[known], targets, distance)
         return loss
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.prediction == "head" or self.global_means is None or self.global_present is None:
+        if self.hp.prediction == "head" or self.global_means is None or self.global_present is None:
             return self.model(x)
         features = self.model.forward_features(x)
         scores = -pairwise_distances(features, self.global_means.to(features.device)).pow(2)
@@ -144,26 +134,9 @@ class FedTGPClient(FedProtoClient):
 
 
 class FedTGPServer(PrototypeTrainingServer):
-    """Trains the global prototypes against the uploaded ones with the adaptive margin.
+    """Trains the global prototypes against the uploaded ones with the adaptive margin."""
 
-    Args:
-        margin_threshold: ``tau``, the cap of the adaptive margin.
-        server_lr: learning rate of the server's SGD.
-        server_epochs: passes over the round's prototypes per round.
-        server_batch_size: prototypes per server step.
-    """
-
-    def __init__(
-        self,
-        margin_threshold: float = 100.0,
-        server_lr: float = 0.01,
-        server_epochs: int = 100,
-        server_batch_size: int = 10,
-    ) -> None:
-        super().__init__(server_lr, server_epochs, server_batch_size)
-        if margin_threshold < 0:
-            raise ConfigError(f"margin_threshold={margin_threshold} must be >= 0")
-        self.margin_threshold = margin_threshold
+    Hparams = FedTGPHparams
 
     def build(self, context: ServerContext, initial_head: dict[str, Tensor]) -> None:
         with seeded(derive_seed(context.seed, "fedtgp-prototypes")):
@@ -180,7 +153,7 @@ class FedTGPServer(PrototypeTrainingServer):
             [u.payload.counts for u in uploads],  # type: ignore[attr-defined]
             "uniform",
         )
-        self.margin.copy_(adaptive_margin(class_averages, present, self.margin_threshold))
+        self.margin.copy_(adaptive_margin(class_averages, present, self.hp.margin_threshold))
         self.seen |= present.to(self.seen.device)
 
     def prototype_loss(self, prototypes: Tensor, labels: Tensor) -> Tensor:
@@ -197,60 +170,16 @@ class FedTGPServer(PrototypeTrainingServer):
 
 
 class FedTGP(Algorithm):
-    """FedTGP (heterogeneous backbones; needs one feature dimension).
+    """FedTGP (heterogeneous backbones; needs one feature dimension)."""
 
-    Args:
-        lam: weight of the client's prototype regulariser (10 with MSE, the authors' scripts;
-            the paper's 0.1 goes with ``prototype_distance="euclidean"``).
-        prototype_distance: ``"mse"`` (authors' code) or ``"euclidean"`` (paper Eq. 4).
-        prediction: ``"head"`` (the client's classifier) or ``"prototype"`` (nearest global
-            prototype, HtFLlib's evaluation).
-        margin_threshold: ``tau``, the cap of the adaptive margin (HtFLlib ``-mart``).
-        server_lr: learning rate of the server's SGD (HtFLlib reuses the local one, 0.01).
-        server_epochs: passes over the round's uploaded prototypes per round (HtFLlib ``-se``).
-        server_batch_size: prototypes per server step (HtFLlib uses the client batch size, 10).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = FedTGPHparams
+    client_type = FedTGPClient
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
     upload_type = ClassStatsPayload
     download_type = ClassStatsPayload
 
-    def __init__(
-        self,
-        lam: NonNegativeFloat = 10.0,
-        prototype_distance: AlignmentDistance = "mse",
-        prediction: Prediction = "head",
-        margin_threshold: NonNegativeFloat = 100.0,
-        server_lr: PositiveFloat = 0.01,
-        server_epochs: PositiveInt = 100,
-        server_batch_size: PositiveInt = 10,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.lam = lam
-        self.prototype_distance: AlignmentDistance = prototype_distance
-        self.prediction: Prediction = prediction
-        self.margin_threshold = margin_threshold
-        self.server_lr = server_lr
-        self.server_epochs = server_epochs
-        self.server_batch_size = server_batch_size
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedTGPClient(
-            model,
-            num_classes,
-            lam=self.lam,
-            prototype_distance=self.prototype_distance,
-            prediction=self.prediction,
-            **self.optimizer_kwargs(),
-        )
-
     def build_server(self) -> FedTGPServer:
-        return FedTGPServer(self.margin_threshold, self.server_lr, self.server_epochs, self.server_batch_size)
+        return FedTGPServer(self.hp)
+
+
+__all__ = ["FedTGP", "FedTGPClient", "FedTGPHparams", "FedTGPServer", "TrainablePrototypes"]

@@ -27,12 +27,14 @@ Evaluation uses the private model (FedVTC's generalisation accuracy of the local
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, OptimizerName, ServerPhase
+from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase
 from fedhet.algorithms.common import (
     SeparatelyClippedClient,
     SharedWeighting,
@@ -42,7 +44,7 @@ from fedhet.algorithms.common import (
 )
 from fedhet.core.payloads import WeightsPayload
 from fedhet.functional.calibration import conformal_scores, conformal_threshold, prediction_set_sizes
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, UnitInterval
+from fedhet.hparams import LocalOptimizer, NonNegativeFloat, PositiveFloat, UnitInterval, knob, log_uniform, uniform
 
 
 def reciprocal_weights(private_sizes: Tensor, proxy_sizes: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
@@ -69,6 +71,20 @@ def per_sample_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     return (teacher * (F.log_softmax(teacher_logits.detach(), dim=1) - F.log_softmax(student_logits, dim=1))).sum(1)
 
 
+@dataclass(frozen=True)
+class FedTypeHparams(LocalOptimizer):
+    """FedType's hyperparameters (the local optimizer trains both models)."""
+
+    proxy_model: str = knob("simple_cnn", "registered model name of the proxy (the paper: ResNet-18; CPU: simple_cnn)")
+    shared_init_seed: int = knob(0, "seed of the proxy initialisation, common to all clients")
+    kd_weight: NonNegativeFloat = knob(1.0, "weight of the reciprocal distillation", log_uniform(1e-2, 10.0))
+    conformal_alpha: UnitInterval = knob(
+        0.1, "miscoverage level of the conformal prediction sets", uniform(0.01, 0.5)
+    )
+    proxy_weighting: SharedWeighting = knob("samples", "samples (FedAvg) or uniform averaging of the proxies")
+    max_grad_norm: PositiveFloat | None = knob(None, "per-model gradient clipping norm (None: off)")
+
+
 class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
     """The private model and the shared proxy, distilling into each other where the teacher is more certain.
 
@@ -76,35 +92,17 @@ class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
         model: the private (heterogeneous) backbone; evaluation uses it.
         num_classes: number of classes.
         proxy: the shared proxy model (one architecture and initialisation for all clients).
-        kd_weight: weight of the reciprocal distillation terms.
-        conformal_alpha: miscoverage level of the conformal prediction sets.
-        max_grad_norm: clip each model's gradient norm separately (``None``: off).
-        optimizer: local optimizer (one for both models).
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+        hp: FedType's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name.
     """
 
+    Hparams = FedTypeHparams
     shared_module = "proxy"
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        proxy: nn.Module,
-        kd_weight: float = 1.0,
-        conformal_alpha: float = 0.1,
-        max_grad_norm: float | None = None,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+    def __init__(self, model: nn.Module, num_classes: int, proxy: nn.Module, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.proxy = proxy
-        self.kd_weight = kd_weight
-        self.conformal_alpha = conformal_alpha
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = self.hp.max_grad_norm
         self.private_threshold = torch.ones(())
         self.proxy_threshold = torch.ones(())
 
@@ -122,8 +120,8 @@ class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
         self.model.train(modes[0])
         self.proxy.train(modes[1])
         if private_scores:
-            self.private_threshold = conformal_threshold(torch.cat(private_scores), self.conformal_alpha)
-            self.proxy_threshold = conformal_threshold(torch.cat(proxy_scores), self.conformal_alpha)
+            self.private_threshold = conformal_threshold(torch.cat(private_scores), self.hp.conformal_alpha)
+            self.proxy_threshold = conformal_threshold(torch.cat(proxy_scores), self.hp.conformal_alpha)
 
     def on_train_start(self) -> None:
         loader = self.trainer.train_dataloader
@@ -134,7 +132,7 @@ class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
         x, y = batch
         private_logits, proxy_logits = self.model(x), self.proxy(x)
         loss = F.cross_entropy(private_logits, y) + F.cross_entropy(proxy_logits, y)
-        if self.kd_weight == 0.0:
+        if self.hp.kd_weight == 0.0:
             return loss
         with torch.no_grad():
             private_sizes = prediction_set_sizes(F.softmax(private_logits, 1), self.private_threshold.to(x.device))
@@ -143,7 +141,7 @@ class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
         distillation = proxy_teaches * per_sample_kl(private_logits, proxy_logits) + private_teaches * per_sample_kl(
             proxy_logits, private_logits
         )
-        return loss + self.kd_weight * distillation.mean()
+        return loss + self.hp.kd_weight * distillation.mean()
 
     def clip_groups(self) -> Iterator[list[Tensor]]:
         yield list(self.model.parameters())
@@ -151,59 +149,21 @@ class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
 
 
 class FedType(Algorithm):
-    """FedType (heterogeneous private models, one shared proxy architecture).
+    """FedType (heterogeneous private models, one shared proxy architecture)."""
 
-    Args:
-        proxy_model: registered model name of the proxy (the paper: ResNet-18; CPU: ``simple_cnn``).
-        shared_init_seed: seed of the proxy initialisation, common to all clients.
-        kd_weight: weight of the reciprocal distillation.
-        conformal_alpha: miscoverage level of the conformal prediction sets (0.1).
-        proxy_weighting: ``"samples"`` (FedAvg) or ``"uniform"`` averaging of the proxies.
-        max_grad_norm: per-model gradient clipping norm (``None``: off).
-        optimizer: local optimizer.
-        lr: local learning rate of both models.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = FedTypeHparams
     capabilities = Capabilities(heterogeneous_models=True, scenario_kinds=("label_skew",))
     upload_type = WeightsPayload
     download_type = WeightsPayload
 
-    def __init__(
-        self,
-        proxy_model: str = "simple_cnn",
-        shared_init_seed: int = 0,
-        kd_weight: NonNegativeFloat = 1.0,
-        conformal_alpha: UnitInterval = 0.1,
-        proxy_weighting: SharedWeighting = "samples",
-        max_grad_norm: PositiveFloat | None = None,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.proxy_model = proxy_model
-        self.shared_init_seed = shared_init_seed
-        self.kd_weight = kd_weight
-        self.conformal_alpha = conformal_alpha
-        self.proxy_weighting: SharedWeighting = proxy_weighting
-        self.max_grad_norm = max_grad_norm
-
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         proxy = build_shared_model(
-            self.proxy_model, num_classes, self.image_channels(), self.shared_init_seed, "fedtype-proxy"
+            self.hp.proxy_model, num_classes, self.image_channels(), self.hp.shared_init_seed, "fedtype-proxy"
         )
-        return FedTypeClient(
-            model,
-            num_classes,
-            proxy,
-            kd_weight=self.kd_weight,
-            conformal_alpha=self.conformal_alpha,
-            max_grad_norm=self.max_grad_norm,
-            **self.optimizer_kwargs(),
-        )
+        return FedTypeClient(model, num_classes, proxy, self.hp)
 
     def build_server(self) -> ServerPhase:
-        return SubmoduleAveragingServer("proxy.", self.proxy_weighting, per_architecture=False, send_initial=True)
+        return SubmoduleAveragingServer("proxy.", self.hp.proxy_weighting, per_architecture=False, send_initial=True)
+
+
+__all__ = ["FedType", "FedTypeClient", "FedTypeHparams"]

@@ -21,12 +21,9 @@ linear neck).
 
 from __future__ import annotations
 
-from torch import nn
-
 from fedhet.algorithms.base import (
     Algorithm,
     Capabilities,
-    ClientModule,
     ServerPhase,
 )
 from fedhet.algorithms.common import HEAD_PREFIX, SubmoduleAveragingServer, SubmoduleSharingClient
@@ -51,21 +48,12 @@ class LGFedAvgServer(SubmoduleAveragingServer):
 
 
 class LGFedAvg(Algorithm):
-    """LG-FedAvg in HtFLlib's heterogeneous form (shared head; needs one feature dimension).
+    """LG-FedAvg in HtFLlib's heterogeneous form (shared head; needs one feature dimension)."""
 
-    Args:
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    client_type = LGFedAvgClient
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
     upload_type = WeightsPayload
     download_type = WeightsPayload
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return LGFedAvgClient(model, num_classes, **self.optimizer_kwargs())
 
     def build_server(self) -> ServerPhase:
         return LGFedAvgServer()

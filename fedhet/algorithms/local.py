@@ -14,13 +14,6 @@ from fedhet.algorithms.base import Algorithm, Capabilities
 
 
 class Local(Algorithm):
-    """No collaboration: a round is ``max_epochs`` more local epochs.
-
-    Args:
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
+    """No collaboration: a round is ``max_epochs`` more local epochs (the shared local optimizer's knobs)."""
 
     capabilities = Capabilities(heterogeneous_models=True)
