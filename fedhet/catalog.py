@@ -50,6 +50,8 @@ METHODS: dict[str, str] = {
     "fedvtc": "fedhet.algorithms.FedVTC",
     "ccvr": "fedhet.algorithms.CCVR",
     "fedtype": "fedhet.algorithms.FedType",
+    "fedbn": "fedhet.algorithms.FedBN",
+    "ditto": "fedhet.algorithms.Ditto",
 }
 
 #: Registered model names (``fedhet.models.list_models()``).

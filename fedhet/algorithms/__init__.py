@@ -20,8 +20,10 @@ from fedhet.algorithms.base import (
 from fedhet.algorithms.ccvr import CCVR
 from fedhet.algorithms.fccl import FCCL
 from fedhet.algorithms.fccl_plus import FCCLPlus
+from fedhet.algorithms.ditto import Ditto
 from fedhet.algorithms.fd import FD
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedbn import FedBN
 from fedhet.algorithms.fedcg import FedCG
 from fedhet.algorithms.feddf import FedDF
 from fedhet.algorithms.feddf_server import FedDFServer
@@ -83,6 +85,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "fedvtc": FedVTC,
     "ccvr": CCVR,
     "fedtype": FedType,
+    "fedbn": FedBN,
+    "ditto": Ditto,
 }
 
 # A server plugin configured without a base refines FedAvg; set here, where both are imported, so
@@ -112,11 +116,13 @@ __all__ = [
     "Capabilities",
     "ClientModule",
     "CollaborativePhase",
+    "Ditto",
     "FCCL",
     "FCCLPlus",
     "FD",
     "FML",
     "FedAvg",
+    "FedBN",
     "FedCG",
     "FedDF",
     "FedDFServer",

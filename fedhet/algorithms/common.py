@@ -96,12 +96,17 @@ class SubmoduleSharingClient(ClientModule):
             module = getattr(module, name)
         return module
 
+    def shared_state(self) -> dict[str, Tensor]:
+        """What is uploaded of the shared sub-module (all of it; FedBN leaves its BatchNorm out)."""
+        return self.shared().state_dict()
+
     def on_receive(self, download: Payload | None) -> None:
         if isinstance(download, WeightsPayload):
-            copy_state_into(self.shared(), download.weights)
+            # a download may cover part of the sub-module (FedBN): the rest stays the client's own
+            copy_state_into(self.shared(), {**self.shared().state_dict(), **download.weights})
 
     def make_upload(self, train_batches: Iterable[Batch]) -> Payload | None:
-        return WeightsPayload(weights=clone_state(self.shared().state_dict()))
+        return WeightsPayload(weights=clone_state(self.shared_state()))
 
 
 class SubmoduleAveragingServer(ServerPhase):
@@ -261,6 +266,12 @@ HEAD_PREFIX = "head."
 def batch_norm_layers(module: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:
     """Every BatchNorm layer of ``module`` (1d, 2d, 3d and sync), in module order."""
     return (m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+
+
+def batch_norm_state_keys(module: nn.Module) -> set[str]:
+    """The state-dict keys of every BatchNorm layer of ``module`` (affine parameters and running statistics)."""
+    names = {name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+    return {key for key in module.state_dict() if key.rpartition(".")[0] in names}
 
 
 def freeze_batch_norm(module: nn.Module) -> None:
