@@ -805,7 +805,19 @@ def evaluate_run(
 
 # ------------------------------------------------------------------------------ other commands
 def _list(args: Sequence[str]) -> None:
-    """Print the registered names, from the static catalog: no torch import, so it answers at once."""
+    """Print the registered names, from the static catalog: no torch import, so it answers at once.
+
+    ``fedhet list METHOD`` prints that method's declared hyperparameters instead (imports it).
+    """
+    if args:
+        from fedhet.algorithms import get_algorithm
+        from fedhet.hparams import describe
+
+        for name in args:
+            method = get_algorithm(name)
+            print(f"{name} ({method.__module__}.{method.__name__}) hyperparameters, config keys method.init_args.*:")
+            print("\n".join(describe(method.Hparams)))
+        return
     print("methods: " + ", ".join(list_methods()))
     print("models: " + ", ".join(sorted(MODELS)))
     print("model families: " + ", ".join(list_families()))
@@ -821,7 +833,8 @@ commands:
   sweep     run a W&B-format sweep offline: fedhet sweep configs/sweeps/tiny_digits.yaml [--jobs 2]
   bench     methods x seeds grid, mean ± std tables and plots:
             fedhet bench --configs A.yaml B.yaml --seeds 0 1 2 --out DIR
-  list      list registered methods, models and model families
+  list      list registered methods, models and model families; 'fedhet list NAME' a method's
+            hyperparameters (default, range, search space, meaning)
   pretrain-generator  train FedKTL's small generator (FedKTL also does it on first use):
             fedhet pretrain-generator [--name embedded-stylegan-pool] [--steps N]
 

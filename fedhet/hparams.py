@@ -257,6 +257,29 @@ def knobs(hparams: type[Hyperparameters]) -> list[Knob]:
     ]
 
 
+def describe(hparams: type[Hyperparameters]) -> list[str]:
+    """One line per declared hyperparameter: name, default, range, search space and meaning (``fedhet list NAME``)."""
+    lines = []
+    for k in knobs(hparams):
+        search = "" if k.search is None else f"; tuned: {k.search.distribution} {_search_bounds(k.search)}"
+        where = f"{k.range}{search}" if k.range or search else "any value"
+        lines.append(f"  {k.name} = {k.default!r}  ({where.lstrip('; ')})\n      {k.help}")
+    return lines
+
+
+def _search_bounds(search: Search) -> str:
+    return str(list(search.values)) if search.distribution == "categorical" else f"[{search.low}, {search.high}]"
+
+
+def sweep_parameters(hparams: type[Hyperparameters], prefix: str = "method.init_args.") -> dict[str, Any]:
+    """The declared search space of ``hparams`` as W&B-format sweep parameters (dotted config keys).
+
+    The tuning stage and ``fedhet sweep`` read this, so a knob's range is written once, in its
+    declaration; knobs declared without a search space are left out (they keep their values).
+    """
+    return {prefix + k.name: k.search.sweep_parameter() for k in knobs(hparams) if k.search is not None}
+
+
 def projected(hparams: type[Hyperparameters], source: Any, **overrides: Any) -> Hyperparameters:
     """``hparams`` built from the same-named fields of ``source`` (another method's or a wider set), then ``overrides``.
 
@@ -295,11 +318,13 @@ __all__ = [
     "OptimizerName",
     "Search",
     "categorical",
+    "describe",
     "int_uniform",
     "knob",
     "knobs",
     "log_uniform",
     "projected",
+    "sweep_parameters",
     "uniform",
     "Fraction",
     "Momentum",

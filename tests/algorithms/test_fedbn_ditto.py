@@ -65,7 +65,7 @@ def test_fedbn_server_averages_the_shared_weights_by_examples_by_hand():
     bodies = (torch.zeros(2, 2), torch.full((2, 2), 4.0))
     uploads = [
         upload(cid, WeightsPayload(weights={"body.weight": body, "head.weight": torch.eye(2)}, num_examples=n))
-        for cid, (body, n) in enumerate(zip(bodies, (1, 3)))
+        for cid, (body, n) in enumerate(zip(bodies, (1, 3), strict=True))
     ]
     server.aggregate(0, uploads)
     assert torch.equal(server.download_for(1).weights["body.weight"], torch.full((2, 2), 3.0))

@@ -1,0 +1,69 @@
+"""Hyperparameters declared once: every registered method's declaration, and no drift between its parts.
+
+A method declares its hyperparameters in one frozen dataclass; its Algorithm's signature, its
+client and its server read that declaration. These tests hold every registered method to it: a
+client (and a server) built alone has exactly the hyperparameters its Algorithm gives it with
+defaults, the command line's signature is the declaration, and every knob says what it means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from fedhet.algorithms import ALGORITHMS, list_algorithms
+from fedhet.algorithms.base import ServerPlugin
+from fedhet.errors import ConfigError
+from fedhet.hparams import Hyperparameters, LocalOptimizer, knobs, sweep_parameters
+from tests.algorithms.helpers import tiny_loop
+
+
+@pytest.mark.parametrize("name", list_algorithms())
+def test_declaration_is_the_signature(name):
+    """The Algorithm's keyword arguments are its declared knobs (plus a plugin's ``base``), each with a meaning."""
+    method = ALGORITHMS[name]
+    assert issubclass(method.Hparams, Hyperparameters)
+    assert method.Hparams.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    declared = [k.name for k in knobs(method.Hparams)]
+    extra = ["base"] if issubclass(method, ServerPlugin) else []
+    assert list(inspect.signature(method).parameters) == extra + declared
+    assert all(k.help for k in knobs(method.Hparams)), f"{name}: every knob needs its one-line meaning"
+    assert dataclasses.asdict(method().hp) == dataclasses.asdict(method.Hparams())
+
+
+@pytest.mark.parametrize("name", list_algorithms())
+def test_client_and_server_built_alone_match_the_algorithm(name, cpu_trainer):
+    """Defaults cannot drift: a client or server built with no arguments holds what the default Algorithm gives it."""
+    method = ALGORITHMS[name]
+    defaults = {k.name: k.default for k in knobs(method.Hparams)}
+    cheap = {key: defaults[key] for key in ("pretrain_epochs",) if key in defaults}
+    loop = tiny_loop(name, trainer=cpu_trainer, method_args=cheap)
+    loop.algorithm = method(**cheap)
+    client = loop.algorithm.build_client(loop.runtime.module(loop.architectures[0], slot=0).model, 2)
+    alone = type(client).Hparams()
+    assert dataclasses.asdict(client.hp) == dataclasses.asdict(alone)
+    server = loop.algorithm.build_server()
+    for part in (server, getattr(server, "base", None), getattr(server, "refinement", None)):
+        if part is not None and hasattr(type(part), "Hparams") and hasattr(part, "hp"):
+            assert dataclasses.asdict(part.hp) == dataclasses.asdict(type(part).Hparams()), type(part).__name__
+
+
+def test_out_of_range_values_are_refused_from_python_too():
+    """The ranges the parser enforces hold for Python callers, naming the method, the key and the range."""
+    with pytest.raises(ConfigError, match=r"FedProx: mu=-1 is not a number >= 0"):
+        ALGORITHMS["fedprox"](mu=-1)
+    with pytest.raises(ConfigError, match="FedProx: .*unexpected keyword argument 'mew'.*mu"):
+        ALGORITHMS["fedprox"](mew=0.1)
+    with pytest.raises(ConfigError, match="one of 'sgd', 'adam', 'adamw'"):
+        LocalOptimizer(optimizer="rmsprop")
+
+
+def test_search_space_is_read_from_the_declaration():
+    """The tuning stage's sweep parameters are the declared search spaces, under the config's keys."""
+    space = sweep_parameters(ALGORITHMS["fedprox"].Hparams)
+    assert space == {
+        "method.init_args.lr": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1.0},
+        "method.init_args.mu": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1.0},
+    }
