@@ -200,10 +200,32 @@ class RunPhase:
     exchange: bool = True
 
 
-#: Evaluation targets a method may declare (:attr:`Algorithm.evaluation`). ``"virtual_global"``
-#: is FedMD-CG's G.acc: the example-weighted average of every client's whole stored model,
-#: built by the loop for evaluation only (never sent), scored on the global sets as ``acc_server``.
-EvaluationTarget = Literal["clients", "clients_before_download", "server", "virtual_global"]
+#: Evaluation targets a method may declare (:attr:`Algorithm.evaluation`): the client models after
+#: the download, before it, and the server-side models (:meth:`ServerPhase.server_models` and the
+#: method's own evaluation-only models, :meth:`Algorithm.evaluation_models`) on the global sets.
+EvaluationTarget = Literal["clients", "clients_before_download", "server"]
+
+
+@dataclass(frozen=True)
+class ClientStates:
+    """A read-only view of every client's stored state, for models a method builds to evaluate only.
+
+    Reading states through the view, not through uploads, keeps the communication ledger honest:
+    nothing here is sent (FedMD-CG's "virtual global model" is the example).
+
+    Attributes:
+        architectures: the registered model name of every client.
+        module_state: ``(client_id) -> state dict`` of that client's module as stored now (its
+            initial state before it first trained).
+        num_examples: ``(client_id) -> `` its number of training examples.
+        build_network: ``(architecture) -> nn.Module``: a fresh network of that architecture
+            (weights to be overwritten).
+    """
+
+    architectures: tuple[str, ...]
+    module_state: Callable[[int], Mapping[str, Tensor]]
+    num_examples: Callable[[int], int]
+    build_network: Callable[[str], nn.Module]
 
 
 def build_optimizer(
@@ -662,9 +684,6 @@ class Algorithm:
     #: Whether the server's per-client label counts (``ServerContext.label_counts``) count as
     #: uploaded bytes; they are sent once, before round 0, when they do.
     label_counts_uploaded: ClassVar[bool] = False
-    #: Every client starts from one initialisation (client 0's seed) instead of its own, as
-    #: FedMD-CG's code does; its "virtual global model" (G.acc) is only meaningful then.
-    identical_client_init: ClassVar[bool] = False
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -714,6 +733,22 @@ class Algorithm:
     def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> CollaborativePhase | None:
         """The lock-step phase on public data run before local training, or ``None``."""
         return None
+
+    def initialisation_of(self, client_id: int) -> int:
+        """Whose initialisation client ``client_id`` starts from: its own by default.
+
+        A method whose clients all start from one model (FedMD-CG's code, FCCL+'s homogeneous
+        variant) returns ``0``.
+        """
+        return client_id
+
+    def evaluation_models(self, clients: ClientStates) -> dict[str, nn.Module]:
+        """Models the method builds from the clients' stored states to evaluate only (never sent).
+
+        Scored with the server's models on the global sets when ``"server"`` is an evaluation
+        target (``acc_server``). Default: none.
+        """
+        return {}
 
     def collaborative_epochs(self) -> int:
         """Epochs over the public set of the collaborative phase per round (0 when there is none)."""
@@ -781,6 +816,12 @@ class ServerPlugin(Algorithm):
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         return self.base.build_client(model, num_classes)
+
+    def initialisation_of(self, client_id: int) -> int:
+        return self.base.initialisation_of(client_id)
+
+    def evaluation_models(self, clients: ClientStates) -> dict[str, nn.Module]:
+        return self.base.evaluation_models(clients)
 
     def build_refinement(self) -> ServerRefinement:
         """The refine stage added after the base server's aggregation."""

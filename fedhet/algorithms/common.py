@@ -33,6 +33,7 @@ from fedhet.algorithms.base import (
     Batch,
     Capabilities,
     ClientModule,
+    ClientStates,
     ClientUpload,
     CollaborativePhase,
     OptimizerName,
@@ -107,6 +108,34 @@ class SubmoduleSharingClient(ClientModule):
 
     def make_upload(self, train_batches: Iterable[Batch]) -> Payload | None:
         return WeightsPayload(weights=clone_state(self.shared_state()))
+
+
+class AveragedClientModels:
+    """Per architecture, the example-weighted average of every client's stored model, for evaluation only.
+
+    FedMD-CG's "virtual global model" (G.acc): the ``model.`` entries of each client's state
+    (BatchNorm buffers included) averaged with weights ``n_i``, read through
+    :class:`ClientStates` so nothing counts as sent. Named ``virtual_global``
+    (``virtual_global_<architecture>`` when there are several). Networks are built once and reused.
+    """
+
+    def __init__(self) -> None:
+        self.networks: dict[str, nn.Module] = {}
+
+    def __call__(self, clients: ClientStates) -> dict[str, nn.Module]:
+        groups: dict[str, tuple[list[dict[str, Tensor]], list[float]]] = {}
+        for cid, architecture in enumerate(clients.architectures):
+            members, sizes = groups.setdefault(architecture, ([], []))
+            members.append(model_weights(clients.module_state(cid)))
+            sizes.append(float(clients.num_examples(cid)))
+        models: dict[str, nn.Module] = {}
+        for architecture, (members, sizes) in groups.items():
+            name = "virtual_global" if len(groups) == 1 else f"virtual_global_{architecture}"
+            if name not in self.networks:
+                self.networks[name] = clients.build_network(architecture)
+            copy_state_into(self.networks[name], weighted_average(members, sizes))
+            models[name] = self.networks[name]
+        return models
 
 
 class SubmoduleAveragingServer(ServerPhase):

@@ -25,9 +25,8 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import nn
 
-from fedhet.algorithms.base import Algorithm, ClientUpload, RunPhase, ServerContext
+from fedhet.algorithms.base import Algorithm, ClientStates, ClientUpload, RunPhase, ServerContext
 from fedhet.core.payloads import Payload
-from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation.executors import Executor, SequentialExecutor
 from fedhet.federation.ledger import CommunicationLedger
@@ -37,7 +36,6 @@ from fedhet.federation.runtime import FEDERATION, ClientRuntime, ClientTask, Run
 from fedhet.federation.sampling import clients_per_round, sample_clients
 from fedhet.federation.state import ClientStateStore, MemoryStateStore
 from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate, silence_lightning
-from fedhet.functional import weighted_average
 from fedhet.metrics import BestTracker, ClientSetAccuracy, round_metrics
 from fedhet.metrics.report import HEADLINE, SERVER_KEY, as_matrix_list, mean_last
 from fedhet.seeding import derive_seed, seeded
@@ -277,9 +275,7 @@ class FederationLoop:
         self.server.setup(self.server_context())
         self.schedule = self._build_schedule()
         self.ledger = CommunicationLedger()
-        self.best = BestTracker(
-            scenario.kind, with_server=bool({"server", "virtual_global"} & set(algorithm.evaluation))
-        )
+        self.best = BestTracker(scenario.kind, with_server="server" in algorithm.evaluation)
         self.history: list[dict[str, Any]] = []
         self.next_round = 0  # steps of the schedule completed (rounds and phase steps)
         self.elapsed_s = 0.0
@@ -287,7 +283,6 @@ class FederationLoop:
         self._downloads: dict[tuple[int, int], Payload | None] = {}
         self._participants: list[int] = []
         self._fresh_states: dict[int, Any] = {}
-        self._virtual_models: dict[str, nn.Module] = {}
 
     # ------------------------------------------------------------------ set-up
     def server_context(self) -> ServerContext:
@@ -514,9 +509,8 @@ class FederationLoop:
             prefix = "" if "clients" not in targets else "pre/"
             metrics.update(self._evaluate_clients(round_idx, clients, apply_download=False, prefix=prefix))
         if "server" in targets:
-            metrics.update(self._evaluate_server(self.server.server_models()))
-        if "virtual_global" in targets:
-            metrics.update(self._evaluate_server(self.virtual_global_models()))
+            models = {**self.server.server_models(), **self.algorithm.evaluation_models(self.client_states())}
+            metrics.update(self._evaluate_server(models))
         metrics["eval/clients"] = float(len(clients))
         return metrics
 
@@ -565,29 +559,19 @@ class FederationLoop:
         )
         return {f"{prefix}{k}" if not k.startswith("val/") else f"val/{prefix}{k[4:]}": v for k, v in metrics.items()}
 
-    def virtual_global_models(self) -> dict[str, nn.Module]:
-        """FedMD-CG's "virtual global model" per architecture, for evaluation only (never sent).
+    def client_states(self) -> ClientStates:
+        """Every client's stored state, read-only, for a method's evaluation-only models."""
 
-        The example-weighted average (``n_i``) of every client's whole stored model (``model.``
-        entries of its state, BatchNorm buffers included), read from the state store directly so
-        the communication ledger stays honest; a client not trained yet counts with its initial
-        state. Named ``virtual_global`` (``virtual_global_<architecture>`` when there are several).
-        """
-        groups: dict[str, tuple[list[dict[str, torch.Tensor]], list[float]]] = {}
-        for cid, architecture in enumerate(self.architectures):
+        def module_state(cid: int) -> dict[str, torch.Tensor]:
             state = self._fresh_states.get(cid) or self.store.get(cid) or self.runtime.initial_state(cid)
-            weights = {k[len("model.") :]: v for k, v in state["module"].items() if k.startswith("model.")}
-            members, sizes = groups.setdefault(architecture, ([], []))
-            members.append(weights)
-            sizes.append(float(len(self.scenario.client_data(cid).train)))
-        models: dict[str, nn.Module] = {}
-        for architecture, (members, sizes) in groups.items():
-            name = "virtual_global" if len(groups) == 1 else f"virtual_global_{architecture}"
-            if name not in self._virtual_models:
-                self._virtual_models[name] = self.runtime.build_network(architecture, self.seed)
-            copy_state_into(self._virtual_models[name], weighted_average(members, sizes))
-            models[name] = self._virtual_models[name]
-        return models
+            return state["module"]
+
+        return ClientStates(
+            architectures=tuple(self.architectures),
+            module_state=module_state,
+            num_examples=lambda cid: len(self.scenario.client_data(cid).train),
+            build_network=lambda architecture: self.runtime.build_network(architecture, self.seed),
+        )
 
     def _evaluate_server(self, models: dict[str, nn.Module]) -> dict[str, float]:
         """Server-side models once each on the global sets: ``acc_server`` is their mean top-1 (percent)."""

@@ -279,9 +279,9 @@ class ClientRuntime:
     def initial_state(self, client_id: int) -> ClientState:
         """The state of a client before its first round: its own initialisation seed, fresh optimizers.
 
-        With :attr:`Algorithm.identical_client_init` every client takes client 0's seed.
+        A method whose clients share one initialisation says whose (:meth:`Algorithm.initialisation_of`).
         """
-        seed_id = 0 if getattr(self.algorithm, "identical_client_init", False) else client_id
+        seed_id = self.algorithm.initialisation_of(client_id)
         module = self.build_module(self.architectures[client_id], derive_seed(self.seed, "init", seed_id))
         return {"module": clone_state(module.client_state()), "optimizer": None}
 
