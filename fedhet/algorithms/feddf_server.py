@@ -30,13 +30,13 @@ Deviations from paper/official code:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import (
-    Algorithm,
     Capabilities,
     ClientUpload,
     LocalStage,
@@ -44,29 +44,45 @@ from fedhet.algorithms.base import (
     ServerPhase,
     ServerPlugin,
     ServerRefinement,
+    hparams_for,
 )
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.core.payloads import WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import ensemble_distillation_loss
-from fedhet.hparams import NonNegativeInt, PositiveFloat
+from fedhet.hparams import Hyperparameters, NonNegativeInt, PositiveFloat, knob, log_uniform
+
+
+@dataclass(frozen=True)
+class FedDFServerHparams(Hyperparameters):
+    """The server distillation's settings (no optimizer: the clients are the base method's)."""
+
+    distill_steps: NonNegativeInt = knob(
+        500, "server distillation steps per round (paper: up to 10^4 with early stopping)"
+    )
+    distill_lr: PositiveFloat = knob(
+        1e-3, "Adam learning rate of the distillation, cosine-annealed per round (paper: 1e-3)", log_uniform(1e-4, 1e-2)
+    )
+    temperature: PositiveFloat = knob(1.0, "distillation temperature T (paper: 1)", log_uniform(0.1, 10.0))
 
 
 class EnsembleDistillation(ServerRefinement):
     """Distils the ensemble of the round's client models into each architecture's averaged model.
 
+    It reads ``distill_steps`` (steps per round), ``distill_lr`` (the initial Adam learning rate,
+    cosine-annealed to 0 over the steps) and ``temperature`` (``T`` of the distillation KL).
+
     Args:
-        steps: distillation steps per round.
-        lr: initial Adam learning rate (cosine-annealed to 0 over ``steps``).
-        temperature: softmax temperature ``T`` of the distillation KL.
+        hp: the plugin's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(self, steps: int = 500, lr: float = 1e-3, temperature: float = 1.0) -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = FedDFServerHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
-        self.steps = steps
-        self.lr = lr
-        self.temperature = temperature
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.students = nn.ModuleDict()
         self.templates = nn.ModuleDict()  # one frozen network per architecture, teachers swap weights in
         self.teachers: list[tuple[str, dict[str, Tensor]]] = []
@@ -97,10 +113,10 @@ class EnsembleDistillation(ServerRefinement):
         self.loss_sum, self.loss_steps = torch.zeros(()), 0
 
     def should_refine(self) -> bool:
-        return bool(self.teachers) and self.steps > 0
+        return bool(self.teachers) and self.hp.distill_steps > 0
 
     def refine_budget(self) -> LocalStage:
-        return LocalStage(name="distill", steps=self.steps)
+        return LocalStage(name="distill", steps=self.hp.distill_steps)
 
     def server_dataloader(self, seed: int) -> Iterable[Any]:
         assert self.context.public_loader is not None
@@ -122,15 +138,15 @@ class EnsembleDistillation(ServerRefinement):
         x = batch[0]
         target = self.ensemble_logits(x)
         loss = torch.stack(
-            [ensemble_distillation_loss(s(x), target, self.temperature) for s in self.students.values()]
+            [ensemble_distillation_loss(s(x), target, self.hp.temperature) for s in self.students.values()]
         ).sum()
         self.loss_sum = self.loss_sum.to(loss.device) + loss.detach()
         self.loss_steps += 1
         return loss
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.Adam(self.students.parameters(), lr=self.lr)
-        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(self.steps, 1))
+        optimizer = torch.optim.Adam(self.students.parameters(), lr=self.hp.distill_lr)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(self.hp.distill_steps, 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_train_end(self) -> None:
@@ -154,37 +170,19 @@ class EnsembleDistillation(ServerRefinement):
 class FedDFServer(ServerPlugin):
     """FedDF (paper form): a base method's per-architecture averages, refined by ensemble distillation.
 
-    Args:
-        base: the weight-averaging method whose clients and averaging it refines (default FedAvg).
-        distill_steps: server distillation steps per round (paper: up to 10^4 with early stopping).
-        distill_lr: Adam learning rate of the distillation, cosine-annealed per round (paper: 1e-3).
-        temperature: distillation temperature ``T`` (paper: 1).
+    ``base`` is the weight-averaging method whose clients and averaging it refines (default FedAvg).
     """
 
+    Hparams = FedDFServerHparams
     capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
     upload_type = WeightsPayload
     download_type = WeightsPayload
     evaluation = ("clients", "server")
-
-    def __init__(
-        self,
-        base: Algorithm | None = None,
-        distill_steps: NonNegativeInt = 500,
-        distill_lr: PositiveFloat = 1e-3,
-        temperature: PositiveFloat = 1.0,
-    ) -> None:
-        super().__init__(base, needs_public_data=True, heterogeneous_models=True)
-        if distill_steps < 0 or distill_lr <= 0 or temperature <= 0:
-            raise ConfigError(
-                f"feddf_server: distill_steps={distill_steps} must be >= 0, distill_lr={distill_lr} and "
-                f"temperature={temperature} > 0"
-            )
-        self.distill_steps = distill_steps
-        self.distill_lr = distill_lr
-        self.temperature = temperature
+    refinement_needs_public_data = True
+    refinement_heterogeneous_models = True
 
     def build_refinement(self) -> ServerRefinement:
-        return EnsembleDistillation(self.distill_steps, self.distill_lr, self.temperature)
+        return EnsembleDistillation(self.hp)
 
 
-__all__ = ["EnsembleDistillation", "FedDFServer"]
+__all__ = ["EnsembleDistillation", "FedDFServer", "FedDFServerHparams"]

@@ -44,22 +44,33 @@ Deviations from paper/official code:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, OptimizerName, ServerContext, ServerPhase
+from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
 from fedhet.algorithms.common import ParameterBuffers
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
 from fedhet.core.payloads import Payload, WeightsPayload
-from fedhet.errors import ConfigError
 from fedhet.functional import linear_term, proximal_term
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
+from fedhet.hparams import Hyperparameters, LocalOptimizer, PositiveFloat, knob, log_uniform
 
 #: Where a FedDyn client keeps ``grad L_k(theta_k)`` in its state dict.
 GRADIENT_STATE = "gradient_state"
+
+
+@dataclass(frozen=True)
+class FedDynHparams(LocalOptimizer):
+    """FedDyn's hyperparameters: the local optimizer and ``alpha`` (clients and server read the same one)."""
+
+    alpha: PositiveFloat = knob(
+        0.01,
+        "dynamic regularisation coefficient (> 0: the server divides by it; FedFTG and the official code: 0.01)",
+        log_uniform(1e-3, 1.0),
+    )
 
 
 class FedDynClient(FedAvgClient):
@@ -67,31 +78,13 @@ class FedDynClient(FedAvgClient):
 
     The gradient state is a declared buffer per parameter (``gradient_state``), updated once at
     the end of each local update (``on_train_end``) by Algorithm 1's state update.
-
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        alpha: the dynamic regularisation coefficient.
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
     """
 
+    Hparams = FedDynHparams
     training_only_state = ("gradient_state",)
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        alpha: float = 0.01,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.alpha = alpha
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.gradient_state = ParameterBuffers(model)
         self.reference: list[Tensor] = []
 
@@ -116,7 +109,7 @@ class FedDynClient(FedAvgClient):
             loss = (
                 loss
                 - linear_term(params, self.gradient_state.tensors())
-                + self.alpha / 2 * proximal_term(params, self.reference)
+                + self.hp.alpha / 2 * proximal_term(params, self.reference)
             )
         return loss
 
@@ -128,7 +121,7 @@ class FedDynClient(FedAvgClient):
         for state, param, reference in zip(
             self.gradient_state.tensors(), self.model.parameters(), self.reference, strict=True
         ):
-            state.sub_(self.alpha * (param - reference.to(param.device)))
+            state.sub_(self.hp.alpha * (param - reference.to(param.device)))
 
     def on_train_end(self) -> None:
         self.update_gradient_state()
@@ -141,13 +134,16 @@ class FedDynServer(FedAvgServer):
     all clients of the architecture (``m``); buffers are averaged without correction.
 
     Args:
-        alpha: the dynamic regularisation coefficient (the clients' ``alpha``).
+        hp: the method's hyperparameters (``None``: the declared defaults); it reads the clients' ``alpha``.
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(self, alpha: float = 0.01) -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = FedDynHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.weighting = "uniform"
-        self.alpha = alpha
         self.h_by_architecture: dict[str, dict[str, Tensor]] = {}
         self.clients_by_architecture: dict[str, int] = {}
 
@@ -166,9 +162,9 @@ class FedDynServer(FedAvgServer):
             for name, h_old in h.items():
                 drift = torch.stack([u.payload.weights[name].double() for u in members]).sum(0)  # type: ignore[attr-defined]
                 drift = drift - len(members) * before[name].double()  # sum_{k in P_t} (theta_k - theta^{t-1})
-                h_new = h_old.double() - self.alpha / m * drift
+                h_new = h_old.double() - self.hp.alpha / m * drift
                 h[name] = h_new.to(h_old.dtype)
-                mean[name] = (mean[name].double() - h_new / self.alpha).to(mean[name].dtype)
+                mean[name] = (mean[name].double() - h_new / self.hp.alpha).to(mean[name].dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "h_by_architecture": self.h_by_architecture}
@@ -179,34 +175,13 @@ class FedDynServer(FedAvgServer):
 
 
 class FedDyn(FedAvg):
-    """FedDyn (homogeneous models only).
+    """FedDyn (homogeneous models only)."""
 
-    Args:
-        alpha: the dynamic regularisation coefficient (> 0; FedFTG and the official code use 0.01).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
-    def __init__(
-        self,
-        alpha: PositiveFloat = 0.01,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        if alpha <= 0:
-            raise ConfigError(f"FedDyn: alpha={alpha} must be > 0 (the server divides by it)")
-        self.alpha = alpha
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedDynClient(model, num_classes, alpha=self.alpha, **self.optimizer_kwargs())
+    Hparams = FedDynHparams
+    client_type = FedDynClient
 
     def build_server(self) -> ServerPhase:
-        return FedDynServer(alpha=self.alpha)
+        return FedDynServer(self.hp)
 
 
-__all__ = ["FedDyn", "FedDynClient", "FedDynServer"]
+__all__ = ["FedDyn", "FedDynClient", "FedDynHparams", "FedDynServer"]

@@ -56,7 +56,8 @@ is silent or where the code produced the reported numbers):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,6 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms.base import (
-    Algorithm,
     Capabilities,
     ClientUpload,
     LocalStage,
@@ -72,6 +72,7 @@ from fedhet.algorithms.base import (
     ServerPhase,
     ServerPlugin,
     ServerRefinement,
+    hparams_for,
 )
 from fedhet.algorithms.common import freeze_batch_norm
 from fedhet.algorithms.fedavg import FedAvgServer
@@ -88,12 +89,60 @@ from fedhet.functional.data_free import (
     weighted_logit_l1,
 )
 from fedhet.functional.mutual_learning import diversity_loss
-from fedhet.hparams import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from fedhet.hparams import (
+    Hyperparameters,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    int_uniform,
+    knob,
+    log_uniform,
+)
 from fedhet.seeding import derive_seed, seeded
 
 StudentLoss = Literal["soft_ce", "kl_global_first"]
 GeneratorDiscrepancy = Literal["l1_logits", "kl_global_first"]
 ServerBatchNorm = Literal["train", "frozen"]
+
+
+@dataclass(frozen=True)
+class FedFTGHparams(Hyperparameters):
+    """FedFTG's server fine-tuning (no optimizer: the clients are the base method's)."""
+
+    iterations: NonNegativeInt = knob(10, "I, server iterations per round (paper: 10)", int_uniform(1, 20))
+    generator_steps: PositiveInt = knob(1, "I_g, generator steps per iteration (paper: 1)", int_uniform(1, 5))
+    student_steps: PositiveInt = knob(5, "I_d, global-model steps per iteration (paper: 5)", int_uniform(1, 10))
+    batch_size: PositiveInt = knob(50, "Q, generated samples per iteration, >= 2 (code: the local batch size, 50)")
+    noise_dim: PositiveInt = knob(100, "d, the noise size (paper: 100 for CIFAR-10, 256 for CIFAR-100)")
+    generator_width: PositiveInt = knob(64, "the generator's ngf (paper: 64)")
+    generator_lr: PositiveFloat = knob(
+        0.01, "Adam learning rate of the generator at round 0 (paper: 0.01)", log_uniform(1e-4, 1e-1)
+    )
+    student_lr: PositiveFloat = knob(
+        0.1, "SGD learning rate of the global model at round 0 (paper: 0.1)", log_uniform(1e-3, 1.0)
+    )
+    student_weight_decay: NonNegativeFloat = knob(1e-3, "weight decay of that SGD (code: 1e-3)")
+    lr_decay: PositiveFloat = knob(0.998, "both server rates are multiplied by lr_decay ** round (code: 0.998)")
+    lambda_cls: NonNegativeFloat = knob(1.0, "weight of the fidelity loss L_cls (paper: 1)", log_uniform(0.1, 10.0))
+    lambda_dis: NonNegativeFloat = knob(1.0, "weight of the diversity loss L_dis (paper: 1)", log_uniform(0.1, 10.0))
+    hard_sample_mining: bool = knob(
+        True, "the generator maximises L_md (false: the -hsm ablation, fidelity and diversity only)"
+    )
+    label_sampling: bool = knob(True, "customized label sampling (false: the -cls ablation, uniform labels)")
+    class_ensemble: bool = knob(True, "class-level ensemble weights (false: the -abe ablation, 1/|S_t|)")
+    generator_step_per_teacher: bool = knob(
+        True, "one generator step per teacher per iteration (code) instead of one on the weighted sum (paper)"
+    )
+    student_loss: StudentLoss = knob("soft_ce", "soft_ce (code) or kl_global_first (paper Eq. 4)")
+    generator_discrepancy: GeneratorDiscrepancy = knob("l1_logits", "l1_logits (code) or kl_global_first (paper Eq. 4)")
+    server_bn_mode: ServerBatchNorm = knob(
+        "train", "the global model's BatchNorm during its steps: train (code) or frozen (the average's statistics)"
+    )
+
+    def check(self) -> None:
+        if self.batch_size < 2:
+            raise ConfigError(f"batch_size={self.batch_size} must be >= 2")
 
 
 class ConditionalImageGenerator(nn.Module):
@@ -150,52 +199,18 @@ class DataFreeFineTuning(ServerRefinement):
 
     One training step is one outer iteration ``i`` of Algorithm 2 on the batch ``(Z, Y)`` the
     loader yields; the stage uses manual optimisation (two optimizers, alternating phases).
-    The constructor arguments are :class:`FedFTG`'s (see there).
+
+    Args:
+        hp: FedFTG's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(
-        self,
-        iterations: int = 10,
-        generator_steps: int = 1,
-        student_steps: int = 5,
-        batch_size: int = 50,
-        noise_dim: int = 100,
-        generator_width: int = 64,
-        generator_lr: float = 0.01,
-        student_lr: float = 0.1,
-        student_weight_decay: float = 1e-3,
-        lr_decay: float = 0.998,
-        lambda_cls: float = 1.0,
-        lambda_dis: float = 1.0,
-        hard_sample_mining: bool = True,
-        label_sampling: bool = True,
-        class_ensemble: bool = True,
-        generator_step_per_teacher: bool = True,
-        student_loss: StudentLoss = "soft_ce",
-        generator_discrepancy: GeneratorDiscrepancy = "l1_logits",
-        server_bn_mode: ServerBatchNorm = "train",
-    ) -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = FedFTGHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.iterations = iterations
-        self.generator_steps = generator_steps
-        self.student_steps = student_steps
-        self.batch_size = batch_size
-        self.noise_dim = noise_dim
-        self.generator_width = generator_width
-        self.generator_lr = generator_lr
-        self.student_lr = student_lr
-        self.student_weight_decay = student_weight_decay
-        self.lr_decay = lr_decay
-        self.lambda_cls = lambda_cls
-        self.lambda_dis = lambda_dis
-        self.hard_sample_mining = hard_sample_mining
-        self.label_sampling = label_sampling
-        self.class_ensemble = class_ensemble
-        self.generator_step_per_teacher = generator_step_per_teacher
-        self.student_loss: StudentLoss = student_loss
-        self.generator_discrepancy: GeneratorDiscrepancy = generator_discrepancy
-        self.server_bn_mode: ServerBatchNorm = server_bn_mode
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.round_idx = 0
         self.group = ""
         # Teachers live in a plain list, outside the module tree: Lightning's ``.train()`` at fit
@@ -227,7 +242,11 @@ class DataFreeFineTuning(ServerRefinement):
         data_format = context.data_format
         with seeded(derive_seed(context.seed, "fedftg", "generator")):
             self.generator = ConditionalImageGenerator(
-                self.noise_dim, context.num_classes, data_format.image_size, data_format.channels, self.generator_width
+                self.hp.noise_dim,
+                context.num_classes,
+                data_format.image_size,
+                data_format.channels,
+                self.hp.generator_width,
             )
         self.student = context.model_factory(architecture, context.seed)
         self.architecture = architecture
@@ -245,13 +264,13 @@ class DataFreeFineTuning(ServerRefinement):
             copy_state_into(teacher, upload.payload.weights)
             teacher.eval()
         counts = label_counts[[u.client_id for u in uploads]].to(torch.float64)
-        self.alpha = class_ensemble_weights(counts, uniform=not self.class_ensemble)
-        self.label_probs = label_sampling_distribution(counts, uniform=not self.label_sampling)
+        self.alpha = class_ensemble_weights(counts, uniform=not self.hp.class_ensemble)
+        self.label_probs = label_sampling_distribution(counts, uniform=not self.hp.label_sampling)
         copy_state_into(self.student, self.base.global_by_architecture[self.group])
         self.sums, self.counts = {}, {}
 
     def should_refine(self) -> bool:
-        return self.active_teachers > 0 and self.iterations > 0
+        return self.active_teachers > 0 and self.hp.iterations > 0
 
     def refine_budget(self) -> LocalStage:
         return LocalStage(name="ftg", epochs=1, manual=True)
@@ -259,17 +278,17 @@ class DataFreeFineTuning(ServerRefinement):
     def server_dataloader(self, seed: int) -> Iterable[Any]:
         """``I`` batches ``(Z, Y)``: ``z ~ N(0, I_d)`` and ``y ~ p_t(y)`` i.i.d., from the round's seed."""
         generator = torch.Generator().manual_seed(seed)
-        total = self.iterations * self.batch_size
-        noise = torch.randn(total, self.noise_dim, generator=generator)
+        total = self.hp.iterations * self.hp.batch_size
+        noise = torch.randn(total, self.hp.noise_dim, generator=generator)
         labels = torch.multinomial(self.label_probs, total, replacement=True, generator=generator)
-        return DataLoader(TensorDataset(noise, labels), batch_size=self.batch_size, shuffle=False)
+        return DataLoader(TensorDataset(noise, labels), batch_size=self.hp.batch_size, shuffle=False)
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        decay = self.lr_decay**self.round_idx
+        decay = self.hp.lr_decay**self.round_idx
         return [
-            torch.optim.Adam(self.generator.parameters(), lr=self.generator_lr * decay),
+            torch.optim.Adam(self.generator.parameters(), lr=self.hp.generator_lr * decay),
             torch.optim.SGD(
-                self.student.parameters(), lr=self.student_lr * decay, weight_decay=self.student_weight_decay
+                self.student.parameters(), lr=self.hp.student_lr * decay, weight_decay=self.hp.student_weight_decay
             ),
         ]
 
@@ -284,7 +303,7 @@ class DataFreeFineTuning(ServerRefinement):
 
     def discrepancy(self, student_logits: Tensor, teacher_logits: Tensor, weights: Tensor) -> Tensor:
         """``L_md`` as the generator maximises it."""
-        if self.generator_discrepancy == "l1_logits":
+        if self.hp.generator_discrepancy == "l1_logits":
             return weighted_logit_l1(student_logits, teacher_logits, weights)
         return weighted_global_first_kl(student_logits, teacher_logits, weights)
 
@@ -295,8 +314,8 @@ class DataFreeFineTuning(ServerRefinement):
         fidelity = weighted_fidelity(teacher_logits, labels, weights)
         diversity = diversity_loss(noise, x)
         share = len(teachers) / self.active_teachers
-        loss = self.lambda_cls * fidelity + self.lambda_dis * share * diversity
-        if self.hard_sample_mining:
+        loss = self.hp.lambda_cls * fidelity + self.hp.lambda_dis * share * diversity
+        if self.hp.hard_sample_mining:
             discrepancy = self.discrepancy(self.student(x), teacher_logits, weights)
             loss = loss - discrepancy
             self._add("generator_discrepancy", discrepancy)
@@ -307,7 +326,7 @@ class DataFreeFineTuning(ServerRefinement):
     def student_objective(self, x: Tensor, teacher_logits: Tensor, weights: Tensor) -> Tensor:
         """``L_md`` as the global model minimises it, on detached generated images."""
         logits = self.student(x)
-        if self.student_loss == "soft_ce":
+        if self.hp.student_loss == "soft_ce":
             return soft_cross_entropy(logits, ensemble_probabilities(teacher_logits, weights))
         return weighted_global_first_kl(logits, teacher_logits, weights)
 
@@ -321,8 +340,8 @@ class DataFreeFineTuning(ServerRefinement):
         self.student.eval().requires_grad_(False)
         self.generator.train()
         everyone = list(range(len(teachers)))
-        groups = [[k] for k in everyone] if self.generator_step_per_teacher else [everyone]
-        for _ in range(self.generator_steps):
+        groups = [[k] for k in everyone] if self.hp.generator_step_per_teacher else [everyone]
+        for _ in range(self.hp.generator_steps):
             for group in groups:
                 generator_optimizer.zero_grad()
                 loss = self.generator_loss(noise, labels, [teachers[k] for k in group], weights[:, group])
@@ -333,7 +352,7 @@ class DataFreeFineTuning(ServerRefinement):
         # Knowledge transfer: the global model moves on the same (Z, Y), images detached.
         self.generator.eval()
         self.student.train()
-        if self.server_bn_mode == "frozen":
+        if self.hp.server_bn_mode == "frozen":
             freeze_batch_norm(self.student)
         with torch.no_grad():
             x = self.generator(noise, labels)
@@ -341,7 +360,7 @@ class DataFreeFineTuning(ServerRefinement):
             agreement = ensemble_probabilities(teacher_logits, weights).argmax(1).eq(labels).float().mean()
         self._add("teacher_accuracy", agreement)
         loss = torch.zeros(())
-        for _ in range(self.student_steps):
+        for _ in range(self.hp.student_steps):
             student_optimizer.zero_grad()
             loss = self.student_objective(x, teacher_logits, weights)
             self.manual_backward(loss)
@@ -373,104 +392,20 @@ class DataFreeFineTuning(ServerRefinement):
 class FedFTG(ServerPlugin):
     """FedFTG: a weight-averaging base method whose global model the server fine-tunes data-free.
 
-    Args:
-        base: the base method whose clients and averaging FedFTG refines (FedAvg, FedProx,
-            FedDyn, SCAFFOLD, MOON; default FedAvg; the paper's headline uses SCAFFOLD).
-        iterations: ``I``, server iterations per round (paper: 10).
-        generator_steps: ``I_g``, generator steps per iteration (paper: 1).
-        student_steps: ``I_d``, global-model steps per iteration (paper: 5).
-        batch_size: ``Q``, generated samples per iteration (code: the local batch size, 50).
-        noise_dim: ``d`` (paper: 100 for CIFAR-10, 256 for CIFAR-100).
-        generator_width: the generator's ``ngf`` (paper: 64).
-        generator_lr: Adam learning rate of the generator at round 0 (paper: 0.01).
-        student_lr: SGD learning rate of the global model at round 0 (paper: 0.1).
-        student_weight_decay: weight decay of that SGD (code: 1e-3).
-        lr_decay: both server rates are multiplied by ``lr_decay ** round`` (code: 0.998).
-        lambda_cls: weight of the fidelity loss ``L_cls`` (paper: 1).
-        lambda_dis: weight of the diversity loss ``L_dis`` (paper: 1).
-        hard_sample_mining: the generator maximises ``L_md`` (``False``: the ``-hsm`` ablation,
-            a generator trained on fidelity and diversity only).
-        label_sampling: customized label sampling (``False``: the ``-cls`` ablation, uniform labels).
-        class_ensemble: class-level ensemble weights (``False``: the ``-abe`` ablation, ``1/|S_t|``).
-        generator_step_per_teacher: one generator step per teacher per iteration (code) instead
-            of one on the weighted sum (paper).
-        student_loss: ``"soft_ce"`` (code) or ``"kl_global_first"`` (paper Eq. 4).
-        generator_discrepancy: ``"l1_logits"`` (code) or ``"kl_global_first"`` (paper Eq. 4).
-        server_bn_mode: the global model's BatchNorm during its steps: ``"train"`` (code) or
-            ``"frozen"`` (running statistics of the average kept).
+    ``base`` is the method whose clients and averaging FedFTG refines (FedAvg, FedProx, FedDyn,
+    SCAFFOLD, MOON; default FedAvg; the paper's headline uses SCAFFOLD).
     """
 
+    Hparams = FedFTGHparams
     capabilities = Capabilities(heterogeneous_models=False)
     upload_type = WeightsPayload
     download_type = WeightsPayload
     evaluation = ("clients", "server")
-
-    def __init__(
-        self,
-        base: Algorithm | None = None,
-        iterations: NonNegativeInt = 10,
-        generator_steps: PositiveInt = 1,
-        student_steps: PositiveInt = 5,
-        batch_size: PositiveInt = 50,
-        noise_dim: PositiveInt = 100,
-        generator_width: PositiveInt = 64,
-        generator_lr: PositiveFloat = 0.01,
-        student_lr: PositiveFloat = 0.1,
-        student_weight_decay: NonNegativeFloat = 1e-3,
-        lr_decay: PositiveFloat = 0.998,
-        lambda_cls: NonNegativeFloat = 1.0,
-        lambda_dis: NonNegativeFloat = 1.0,
-        hard_sample_mining: bool = True,
-        label_sampling: bool = True,
-        class_ensemble: bool = True,
-        generator_step_per_teacher: bool = True,
-        student_loss: StudentLoss = "soft_ce",
-        generator_discrepancy: GeneratorDiscrepancy = "l1_logits",
-        server_bn_mode: ServerBatchNorm = "train",
-    ) -> None:
-        super().__init__(base, heterogeneous_models=False)
-        numbers = {
-            "iterations": (iterations, 0),
-            "generator_steps": (generator_steps, 1),
-            "student_steps": (student_steps, 1),
-            "batch_size": (batch_size, 2),
-            "noise_dim": (noise_dim, 1),
-            "generator_width": (generator_width, 1),
-        }
-        for name, (value, least) in numbers.items():
-            if value < least:
-                raise ConfigError(f"FedFTG: {name}={value} must be >= {least}")
-        rates = {"generator_lr": generator_lr, "student_lr": student_lr, "lr_decay": lr_decay}
-        for name, value in rates.items():
-            if not value > 0:
-                raise ConfigError(f"FedFTG: {name}={value} must be > 0")
-        if min(student_weight_decay, lambda_cls, lambda_dis) < 0:
-            raise ConfigError("FedFTG: student_weight_decay, lambda_cls and lambda_dis must be >= 0")
-        self.label_counts_uploaded = True  # type: ignore[misc]
-        self.settings = dict(
-            iterations=iterations,
-            generator_steps=generator_steps,
-            student_steps=student_steps,
-            batch_size=batch_size,
-            noise_dim=noise_dim,
-            generator_width=generator_width,
-            generator_lr=generator_lr,
-            student_lr=student_lr,
-            student_weight_decay=student_weight_decay,
-            lr_decay=lr_decay,
-            lambda_cls=lambda_cls,
-            lambda_dis=lambda_dis,
-            hard_sample_mining=hard_sample_mining,
-            label_sampling=label_sampling,
-            class_ensemble=class_ensemble,
-            generator_step_per_teacher=generator_step_per_teacher,
-            student_loss=student_loss,
-            generator_discrepancy=generator_discrepancy,
-            server_bn_mode=server_bn_mode,
-        )
+    label_counts_uploaded = True
+    refinement_heterogeneous_models = False
 
     def build_refinement(self) -> ServerRefinement:
-        return DataFreeFineTuning(**self.settings)  # type: ignore[arg-type]
+        return DataFreeFineTuning(self.hp)
 
 
-__all__ = ["ConditionalImageGenerator", "DataFreeFineTuning", "FedFTG"]
+__all__ = ["ConditionalImageGenerator", "DataFreeFineTuning", "FedFTG", "FedFTGHparams"]

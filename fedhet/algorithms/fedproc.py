@@ -40,22 +40,51 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, OptimizerName, ServerContext, ServerPhase
+from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
 from fedhet.algorithms.common import Weighting
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state
-from fedhet.errors import ConfigError, TrainingError
+from fedhet.errors import TrainingError
 from fedhet.functional import aggregate_class_means, class_means, fedproc_alpha, prototypical_contrastive_loss
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, UnitInterval
+from fedhet.hparams import (
+    Hyperparameters,
+    LocalOptimizer,
+    PositiveFloat,
+    UnitInterval,
+    categorical,
+    knob,
+    log_uniform,
+    uniform,
+)
 
 AlphaSchedule = Literal["linear", "constant"]
+
+
+@dataclass(frozen=True)
+class FedProcHparams(LocalOptimizer):
+    """FedProc's hyperparameters (clients read the loss settings, the server ``proto_weighting``)."""
+
+    temperature: PositiveFloat = knob(
+        1.0, "tau of the prototype InfoNCE (1: cosine similarity, the authors' code)", log_uniform(0.05, 5.0)
+    )
+    alpha_schedule: AlphaSchedule = knob(
+        "linear",
+        "prototype-loss weight schedule: linear (alpha_t = 1 - t / (T - 1), the authors' code) or constant",
+        categorical("linear", "constant"),
+    )
+    alpha: UnitInterval = knob(
+        0.5, "weight of the prototype loss when alpha_schedule=constant (FCCL+ Tab. VII: 0.5)", uniform(0.0, 1.0)
+    )
+    proto_weighting: Weighting = knob(
+        "count", "global prototype weighting: count (example-weighted class means) or uniform (the authors' code)"
+    )
 
 
 @dataclass(frozen=True)
@@ -83,43 +112,19 @@ class WeightsAndPrototypesPayload(WeightsPayload):
 
 
 class FedProcClient(FedAvgClient):
-    """``alpha_t * L_proto + (1 - alpha_t) * CE``; uploads weights and class-mean features.
+    """``alpha_t * L_proto + (1 - alpha_t) * CE``; uploads weights and class-mean features."""
 
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        temperature: ``tau`` of the prototype InfoNCE.
-        alpha_schedule: ``"linear"`` (``1 - t / (T - 1)``) or ``"constant"``.
-        alpha: the prototype-loss weight when the schedule is constant.
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
+    Hparams = FedProcHparams
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        temperature: float = 1.0,
-        alpha_schedule: AlphaSchedule = "linear",
-        alpha: float = 0.5,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.temperature = temperature
-        self.alpha_schedule: AlphaSchedule = alpha_schedule
-        self.alpha = alpha
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.global_prototypes: Tensor | None = None
         self.prototype_available: Tensor | None = None
 
     def prototype_weight(self) -> float:
         """``alpha_t`` of the current round."""
-        if self.alpha_schedule == "constant":
-            return self.alpha
+        if self.hp.alpha_schedule == "constant":
+            return self.hp.alpha
         return fedproc_alpha(self.round_idx, self.total_rounds)
 
     def on_receive(self, download: Payload | None) -> None:
@@ -137,7 +142,7 @@ class FedProcClient(FedAvgClient):
             return ce
         weight = self.prototype_weight()
         prototypes = self.global_prototypes.to(features.device)
-        proto = prototypical_contrastive_loss(features, y, prototypes, self.prototype_available, self.temperature)
+        proto = prototypical_contrastive_loss(features, y, prototypes, self.prototype_available, self.hp.temperature)
         return weight * proto + (1.0 - weight) * ce
 
     def make_upload(self, train_batches: Iterable[Batch]) -> WeightsAndPrototypesPayload:
@@ -159,12 +164,15 @@ class FedProcServer(FedAvgServer):
     """FedAvg's weight average plus per-class prototype aggregation.
 
     Args:
-        proto_weighting: ``"count"`` (example-weighted) or ``"uniform"`` (the authors' code).
+        hp: the method's hyperparameters (``None``: the declared defaults); it reads ``proto_weighting``.
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(self, proto_weighting: Weighting = "count") -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = FedProcHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
-        self.proto_weighting: Weighting = proto_weighting
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.num_classes = 0
         self.global_prototypes: Tensor | None = None
         self.present: Tensor | None = None
@@ -190,7 +198,7 @@ class FedProcServer(FedAvgServer):
         self.global_prototypes, self.present = aggregate_class_means(
             [u.payload.prototypes for u in uploads],  # type: ignore[attr-defined]
             [u.payload.counts for u in uploads],  # type: ignore[attr-defined]
-            self.proto_weighting,
+            self.hp.proto_weighting,
         )
 
     def download_for(self, client_id: int) -> WeightsAndPrototypesPayload:
@@ -217,55 +225,15 @@ class FedProcServer(FedAvgServer):
 
 
 class FedProc(FedAvg):
-    """FedProc (homogeneous models only).
+    """FedProc (homogeneous models only)."""
 
-    Args:
-        temperature: ``tau`` of the prototype InfoNCE (1: cosine similarity, the authors' code).
-        alpha_schedule: ``"linear"`` (``alpha_t = 1 - t / (T - 1)``, the authors' code) or ``"constant"``.
-        alpha: weight of the prototype loss when ``alpha_schedule="constant"`` (0.5, FCCL+ Tab. VII).
-        proto_weighting: ``"count"`` (example-weighted class means) or ``"uniform"`` (authors' code).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = FedProcHparams
+    client_type = FedProcClient
     upload_type = WeightsAndPrototypesPayload
     download_type = WeightsAndPrototypesPayload
 
-    def __init__(
-        self,
-        temperature: PositiveFloat = 1.0,
-        alpha_schedule: AlphaSchedule = "linear",
-        alpha: UnitInterval = 0.5,
-        proto_weighting: Weighting = "count",
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        if temperature <= 0:
-            raise ConfigError(f"FedProc temperature must be positive, got {temperature}; the authors use 1")
-        if not 0.0 <= alpha <= 1.0:
-            raise ConfigError(f"FedProc alpha must be in [0, 1], got {alpha}")
-        self.temperature = temperature
-        self.alpha_schedule: AlphaSchedule = alpha_schedule
-        self.alpha = alpha
-        self.proto_weighting: Weighting = proto_weighting
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedProcClient(
-            model,
-            num_classes,
-            temperature=self.temperature,
-            alpha_schedule=self.alpha_schedule,
-            alpha=self.alpha,
-            **self.optimizer_kwargs(),
-        )
-
     def build_server(self) -> ServerPhase:
-        return FedProcServer(self.proto_weighting)
+        return FedProcServer(self.hp)
 
 
-__all__ = ["FedProc", "FedProcClient", "FedProcServer", "WeightsAndPrototypesPayload"]
+__all__ = ["FedProc", "FedProcClient", "FedProcHparams", "FedProcServer", "WeightsAndPrototypesPayload"]

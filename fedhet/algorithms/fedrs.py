@@ -27,18 +27,31 @@ Deviations from paper/official code:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientModule, OptimizerName
+from fedhet.algorithms.base import Batch
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
-from fedhet.errors import ConfigError
 from fedhet.functional import restricted_logits, restricted_softmax_scale
 from fedhet.functional.contrastive import RestrictionMode
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, UnitInterval
+from fedhet.hparams import LocalOptimizer, UnitInterval, knob, uniform
+
+
+@dataclass(frozen=True)
+class FedRSHparams(LocalOptimizer):
+    """FedRS's hyperparameters."""
+
+    alpha: UnitInterval = knob(
+        0.5, "logit scale of the classes a client lacks (0.5, FCCL+ Tab. VII; 1 gives FedAvg)", uniform(0.0, 1.0)
+    )
+    restriction: RestrictionMode = knob(
+        "missing",
+        "missing (paper: scale only absent classes) or proportional (official code: alpha + (1 - alpha) n_c / max n)",
+    )
 
 
 def label_counts(loader: Iterable[Any], num_classes: int) -> Tensor:
@@ -59,33 +72,12 @@ def label_counts(loader: Iterable[Any], num_classes: int) -> Tensor:
 
 
 class FedRSClient(FedAvgClient):
-    """Cross-entropy on restricted logits; the restriction comes from the client's class counts.
+    """Cross-entropy on restricted logits; the restriction comes from the client's class counts."""
 
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        alpha: logit scale of the classes the client lacks (1 gives FedAvg).
-        restriction: ``"missing"`` (paper) or ``"proportional"`` (official code).
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
+    Hparams = FedRSHparams
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        alpha: float = 0.5,
-        restriction: RestrictionMode = "missing",
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.alpha = alpha
-        self.restriction: RestrictionMode = restriction
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         # Persisted in client_state: all zeros until the first local fit counts the labels.
         self.register_buffer("class_counts", torch.zeros(num_classes, dtype=torch.long))
         self.fit_scale: Tensor | None = None  # alpha_c of the current fit, fixed once counts are known
@@ -108,7 +100,7 @@ class FedRSClient(FedAvgClient):
         """``alpha_c`` per class (all ones while the class counts are unknown)."""
         if int(self.class_counts.sum()) == 0:
             return torch.ones(self.num_classes, device=self.class_counts.device)
-        return restricted_softmax_scale(self.class_counts, self.alpha, self.restriction)
+        return restricted_softmax_scale(self.class_counts, self.hp.alpha, self.hp.restriction)
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
@@ -117,37 +109,10 @@ class FedRSClient(FedAvgClient):
 
 
 class FedRS(FedAvg):
-    """FedRS (homogeneous models only).
+    """FedRS (homogeneous models only)."""
 
-    Args:
-        alpha: logit scale of the classes a client lacks (0.5, FCCL+ Tab. VII; 1 gives FedAvg).
-        restriction: ``"missing"`` (paper: scale only absent classes) or ``"proportional"``
-            (official code: ``alpha + (1 - alpha) * n_c / max n``).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
-    def __init__(
-        self,
-        alpha: UnitInterval = 0.5,
-        restriction: RestrictionMode = "missing",
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        if not 0.0 <= alpha <= 1.0:
-            raise ConfigError(f"FedRS alpha must be in [0, 1], got {alpha}; the paper uses 0.5")
-        self.alpha = alpha
-        self.restriction: RestrictionMode = restriction
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FedRSClient(
-            model, num_classes, alpha=self.alpha, restriction=self.restriction, **self.optimizer_kwargs()
-        )
+    Hparams = FedRSHparams
+    client_type = FedRSClient
 
 
-__all__ = ["FedRS", "FedRSClient", "label_counts"]
+__all__ = ["FedRS", "FedRSClient", "FedRSHparams", "label_counts"]

@@ -33,18 +33,41 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientModule, OptimizerName
+from fedhet.algorithms.base import Batch, ClientModule
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError
 from fedhet.functional import model_contrastive_loss
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
+from fedhet.hparams import LocalOptimizer, NonNegativeFloat, PositiveFloat, PositiveInt, knob, log_uniform
+
+
+@dataclass(frozen=True)
+class MoonHparams(LocalOptimizer):
+    """MOON's hyperparameters (the client reads ``mu`` and ``temperature``; the Algorithm ``projection_dim``)."""
+
+    mu: NonNegativeFloat = knob(
+        1.0,
+        "weight of the model-contrastive term (MOON: 1 on CIFAR-100, 5 on CIFAR-10; 0 gives FedAvg)",
+        log_uniform(0.01, 10.0),
+    )
+    temperature: PositiveFloat = knob(
+        0.5, "tau of the contrastive term (0.5, MOON and FCCL+ Tab. VII)", log_uniform(0.05, 5.0)
+    )
+    projection_dim: PositiveInt | None = knob(
+        256, "output size of the paper's projection head; null contrasts the backbone's features (FCCL+ code)"
+    )
+
+    def check(self) -> None:
+        if self.projection_dim is not None and self.projection_dim < 1:
+            raise ConfigError(f"projection_dim={self.projection_dim!r} is not an integer >= 1 or null")
 
 
 class ProjectedClassifier(nn.Module):
@@ -94,31 +117,14 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
 class MoonClient(FedAvgClient):
     """Cross-entropy plus ``mu`` times the model-contrastive loss.
 
-    Args:
-        model: the network (a :class:`ProjectedClassifier` or a plain backbone).
-        num_classes: number of classes.
-        mu: weight of the model-contrastive term.
-        temperature: ``tau`` of the model-contrastive term.
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+    ``model`` is the whole network: a :class:`ProjectedClassifier` (MOON builds it when
+    ``projection_dim`` is set) or a plain backbone; the client never wraps it itself.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        mu: float = 1.0,
-        temperature: float = 0.5,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.mu = mu
-        self.temperature = temperature
+    Hparams = MoonHparams
+
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         # Persisted in client_state: whether ``model`` holds a locally trained model (the negative).
         self.register_buffer("has_previous_model", torch.zeros((), dtype=torch.bool))
         # The positive and negative models are kept out of the module tree on purpose: they are not
@@ -149,51 +155,25 @@ class MoonClient(FedAvgClient):
         x, y = batch
         features = self.model.forward_features(x)
         loss = F.cross_entropy(self.model.forward_head(features), y)
-        if self.mu != 0 and self.has_global_model and bool(self.has_previous_model):
+        if self.hp.mu != 0 and self.has_global_model and bool(self.has_previous_model):
             with torch.no_grad():
                 global_features = self.anchor_models["global"].forward_features(x)
                 previous_features = self.anchor_models["previous"].forward_features(x)
-            contrastive = model_contrastive_loss(features, global_features, previous_features, self.temperature)
-            loss = loss + self.mu * contrastive
+            contrastive = model_contrastive_loss(features, global_features, previous_features, self.hp.temperature)
+            loss = loss + self.hp.mu * contrastive
         return loss
 
 
 class MOON(FedAvg):
-    """MOON (homogeneous models only).
+    """MOON (homogeneous models only)."""
 
-    Args:
-        mu: weight of the model-contrastive term (MOON: 1 on CIFAR-100, 5 on CIFAR-10; 0 gives FedAvg).
-        temperature: ``tau`` of the contrastive term (0.5, MOON and FCCL+ Tab. VII).
-        projection_dim: output size of the paper's projection head; ``None`` contrasts the
-            backbone's features directly (the FCCL+ authors' code).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
-    def __init__(
-        self,
-        mu: NonNegativeFloat = 1.0,
-        temperature: PositiveFloat = 0.5,
-        projection_dim: PositiveInt | None = 256,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        if temperature <= 0:
-            raise ConfigError(f"MOON temperature must be positive, got {temperature}; set --method.temperature 0.5")
-        if projection_dim is not None and projection_dim < 1:
-            raise ConfigError(f"MOON projection_dim must be a positive integer or null, got {projection_dim}")
-        self.mu = mu
-        self.temperature = temperature
-        self.projection_dim = projection_dim
+    Hparams = MoonHparams
+    client_type = MoonClient
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        network = model if self.projection_dim is None else ProjectedClassifier(model, num_classes, self.projection_dim)
-        return MoonClient(network, num_classes, mu=self.mu, temperature=self.temperature, **self.optimizer_kwargs())
+        dim = self.hp.projection_dim
+        network = model if dim is None else ProjectedClassifier(model, num_classes, dim)
+        return self.client_type(network, num_classes, self.hp)
 
 
-__all__ = ["MOON", "MoonClient", "ProjectedClassifier"]
+__all__ = ["MOON", "MoonClient", "MoonHparams", "ProjectedClassifier"]

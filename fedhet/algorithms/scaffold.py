@@ -51,21 +51,42 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, OptimizerName, ServerContext, ServerPhase
+from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
 from fedhet.algorithms.common import ParameterBuffers
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
 from fedhet.core.payloads import Payload, WeightsPayload, check_like
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError, TrainingError
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat
+from fedhet.hparams import Hyperparameters, LocalOptimizer, PositiveFloat, knob, log_uniform
 
 #: Where a SCAFFOLD client keeps ``c_i`` in its state dict.
 CONTROL_VARIATE = "control_variate"
+
+
+@dataclass(frozen=True)
+class ScaffoldHparams(LocalOptimizer):
+    """SCAFFOLD's hyperparameters: the local optimizer (plain SGD only, see the module docstring) and ``eta_g``."""
+
+    global_lr: PositiveFloat = knob(
+        1.0,
+        "server step size eta_g (1: the participants' mean, the paper's and FedFTG's setting)",
+        log_uniform(0.1, 10.0),
+    )
+
+    def check(self) -> None:
+        if self.optimizer != "sgd":
+            raise ConfigError(
+                f"the control variates correct SGD steps: set method.optimizer=sgd (got {self.optimizer!r})"
+            )
+        if self.momentum != 0:
+            raise ConfigError(
+                f"option II control variates assume plain SGD: set method.momentum=0 (got {self.momentum})"
+            )
 
 
 @dataclass(frozen=True)
@@ -85,29 +106,13 @@ class ScaffoldPayload(WeightsPayload):
 
 
 class ScaffoldClient(FedAvgClient):
-    """Cross-entropy with every SGD step's gradient corrected by ``c - c_i``; option II update of ``c_i``.
+    """Cross-entropy with every SGD step's gradient corrected by ``c - c_i``; option II update of ``c_i``."""
 
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        optimizer: local optimizer (``"sgd"``).
-        lr: local learning rate ``eta_l``.
-        momentum: SGD momentum (0).
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = ScaffoldHparams
     training_only_state = ("control_variate",)
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.control_variate = ParameterBuffers(model)
         self._reset_round()
 
@@ -188,13 +193,16 @@ class ScaffoldServer(FedAvgServer):
     """SCAFFOLD's server: ``x <- x + eta_g mean Delta y_i``, ``c <- c + (1/N) sum Delta c_i``, per architecture.
 
     Args:
-        global_lr: the global step size ``eta_g`` (1: ``x`` is the participants' uniform mean).
+        hp: the method's hyperparameters (``None``: the declared defaults); it reads ``global_lr``.
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(self, global_lr: float = 1.0) -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = ScaffoldHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.weighting = "uniform"
-        self.global_lr = global_lr
         self.control_by_architecture: dict[str, dict[str, Tensor]] = {}
         self.clients_by_architecture: dict[str, int] = {}
 
@@ -218,7 +226,7 @@ class ScaffoldServer(FedAvgServer):
             for name, c in control.items():
                 ys = torch.stack([u.payload.weights[name].double() for u in members])  # type: ignore[attr-defined]
                 delta_y = ys.mean(0) - x[name].double()  # (1/|S|) sum (y_i - x)
-                model[name] = (x[name].double() + self.global_lr * delta_y).to(x[name].dtype)
+                model[name] = (x[name].double() + self.hp.global_lr * delta_y).to(x[name].dtype)
                 delta_c = torch.stack([u.payload.control[name].double() for u in members]).sum(0)  # type: ignore[attr-defined]
                 control[name] = (c.double() + delta_c / total).to(c.dtype)  # (|S|/N) * mean = sum / N
 
@@ -235,44 +243,15 @@ class ScaffoldServer(FedAvgServer):
 
 
 class SCAFFOLD(FedAvg):
-    """SCAFFOLD, option II (homogeneous models only; plain SGD).
+    """SCAFFOLD, option II (homogeneous models only; plain SGD: ``optimizer=sgd``, ``momentum=0``)."""
 
-    Args:
-        global_lr: the server step size ``eta_g`` (1: the participants' mean, the paper's and
-            FedFTG's setting).
-        optimizer: local optimizer; only ``"sgd"`` (the correction is of SGD steps).
-        lr: local learning rate ``eta_l``.
-        momentum: SGD momentum; must be 0 (option II's ``c_i`` assumes plain SGD steps).
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = ScaffoldHparams
+    client_type = ScaffoldClient
     upload_type = ScaffoldPayload
     download_type = ScaffoldPayload
 
-    def __init__(
-        self,
-        global_lr: PositiveFloat = 1.0,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        if optimizer != "sgd":
-            raise ConfigError(f"SCAFFOLD corrects SGD steps: set method.optimizer=sgd (got {optimizer!r})")
-        if momentum != 0:
-            raise ConfigError(
-                f"SCAFFOLD's option II control variates assume plain SGD: set method.momentum=0 (got {momentum})"
-            )
-        if global_lr <= 0:
-            raise ConfigError(f"SCAFFOLD: global_lr={global_lr} must be > 0")
-        self.global_lr = global_lr
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return ScaffoldClient(model, num_classes, **self.optimizer_kwargs())
-
     def build_server(self) -> ServerPhase:
-        return ScaffoldServer(global_lr=self.global_lr)
+        return ScaffoldServer(self.hp)
 
 
-__all__ = ["SCAFFOLD", "ScaffoldClient", "ScaffoldPayload", "ScaffoldServer"]
+__all__ = ["SCAFFOLD", "ScaffoldClient", "ScaffoldHparams", "ScaffoldPayload", "ScaffoldServer"]

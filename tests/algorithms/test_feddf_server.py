@@ -45,7 +45,7 @@ def _refinement(uploads, temperature=1.0, steps=1) -> tuple[FedAvgServer, Ensemb
     base = FedAvgServer()
     context = _context()
     base.setup(context)
-    refinement = EnsembleDistillation(steps=steps, lr=0.1, temperature=temperature)
+    refinement = EnsembleDistillation(distill_steps=steps, distill_lr=0.1, temperature=temperature)
     refinement.attach(base, context)
     base.aggregate(0, uploads)
     refinement.begin_round(0, uploads)
@@ -98,7 +98,7 @@ def test_distilled_students_become_the_new_global_models():
 def test_plugin_on_fedprox_keeps_fedprox_clients():
     """The plugin builds its base's clients (FedProx's proximal objective), optimizer and averaging server."""
     algorithm = FedDFServer(base=FedProx(mu=0.5, lr=0.05), distill_steps=2)
-    assert algorithm.name == "FedDFServer(FedProx)" and algorithm.optimizer_kwargs()["lr"] == 0.05
+    assert algorithm.name == "FedDFServer(FedProx)" and algorithm.base.hp.lr == 0.05
     assert type(algorithm.build_client(TinyLinear(), 2)).__name__ == "FedProxClient"
     assert isinstance(algorithm.build_server().base, SubmoduleAveragingServer)
     assert algorithm.evaluation == ("clients", "server") and algorithm.capabilities.needs_public_data
@@ -113,3 +113,13 @@ def test_plugin_refuses_a_base_that_does_not_average_weights():
 def test_default_base_is_fedavg():
     """Without a base the plugin refines FedAvg."""
     assert isinstance(FedDFServer().base, FedAvg)
+
+
+def test_the_distillation_reads_the_plugins_hyperparameters():
+    """The stage takes the plugin's distill_steps, distill_lr and temperature; a bad value fails in one line."""
+    stage = FedDFServer(base=FedProx(), distill_steps=7, distill_lr=0.01, temperature=2.0).build_refinement()
+    assert isinstance(stage, EnsembleDistillation)
+    assert (stage.hp.distill_steps, stage.hp.distill_lr, stage.hp.temperature) == (7, 0.01, 2.0)
+    assert stage.refine_budget().steps == 7
+    with pytest.raises(ConfigError, match=r"^FedDFServer: distill_steps=-1 is not an integer >= 0$"):
+        FedDFServer(distill_steps=-1)

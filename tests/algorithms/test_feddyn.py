@@ -176,8 +176,8 @@ def test_feddyn_server_h_is_the_mean_client_gradient_state_in_a_run():
 
 def test_feddyn_refuses_a_non_positive_alpha_and_reuses_fedavgs_server():
     """An alpha of 0 would divide by zero on the server; the server is a FedAvgServer (acc_server, FedDF)."""
-    with pytest.raises(ConfigError, match="alpha"):
+    with pytest.raises(ConfigError, match=r"FedDyn: alpha=0.0 is not a number > 0"):
         FedDyn(alpha=0.0)
     algorithm = FedDyn()
-    assert algorithm.alpha == 0.01 and algorithm.evaluation == ("clients", "server")
+    assert algorithm.hp.alpha == 0.01 and algorithm.evaluation == ("clients", "server")
     assert isinstance(algorithm.build_server(), FedAvgServer)

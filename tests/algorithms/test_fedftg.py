@@ -126,8 +126,22 @@ def test_refuses_bases_without_weight_averaging_and_several_architectures():
         DataFreeFineTuning().attach(FedProto().build_server(), _context())
     with pytest.raises(ConfigError, match="architectures"):
         DataFreeFineTuning().attach(FedAvgServer(), _context(("cnn_tiny", "mlp_tiny", "cnn_tiny")))
-    with pytest.raises(ConfigError, match="batch_size"):
+    with pytest.raises(ConfigError, match=r"^FedFTG: batch_size=1 must be >= 2$"):
         FedFTG(batch_size=1)
+
+
+def test_the_fine_tuning_reads_the_plugins_hyperparameters():
+    """FedFTG's stage takes the plugin's values (no relay); ranges fail in one line naming the knob."""
+    method = FedFTG(base=SCAFFOLD(), iterations=3, lambda_dis=0.5, server_bn_mode="frozen")
+    stage = method.build_refinement()
+    assert isinstance(stage, DataFreeFineTuning) and stage.hp == method.hp
+    hp = stage.hp
+    assert (hp.iterations, hp.lambda_dis, hp.server_bn_mode, hp.batch_size) == (3, 0.5, "frozen", 50)
+    assert method.label_counts_uploaded and not method.capabilities.heterogeneous_models
+    with pytest.raises(ConfigError, match=r"^FedFTG: iterations=-1 is not an integer >= 0$"):
+        FedFTG(iterations=-1)
+    with pytest.raises(ConfigError, match=r"^FedFTG: student_loss='kl' is not one of 'soft_ce', 'kl_global_first'$"):
+        FedFTG(student_loss="kl")
 
 
 TINY = dict(iterations=2, batch_size=8, noise_dim=8, generator_width=4)

@@ -43,7 +43,7 @@ def test_fedproc_constant_schedule_weighs_the_two_losses_by_alpha():
 
 
 def _server_with_two_uploads(weighting):
-    server = FedProcServer(weighting)
+    server = FedProcServer(proto_weighting=weighting)
     server.setup(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
     p0 = WeightsAndPrototypesPayload(
         weights={"w": torch.tensor([1.0, 2.0])},

@@ -10,6 +10,7 @@ from torch import nn
 
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.moon import MOON, MoonClient, ProjectedClassifier
+from fedhet.errors import ConfigError
 from fedhet.federation.payloads import WeightsPayload
 from tests.algorithms.helpers import SGD, TinyLinear, assert_same_global_model, label_skew_run
 
@@ -69,3 +70,14 @@ def test_moon_projection_head_and_state_after_a_round():
 def test_moon_server_is_fedavgs_example_weighted_average():
     """MOON aggregates exactly as FedAvg (the server is FedAvg's, tested by hand in test_fedavg.py)."""
     assert type(MOON().build_server()) is FedAvgServer
+
+
+def test_moon_rejects_an_empty_projection_and_a_zero_temperature_in_one_line():
+    """projection_dim is an integer >= 1 or null (its Optional type is checked by MoonHparams.check); tau > 0."""
+    with pytest.raises(ConfigError, match=r"^MOON: projection_dim=0 is not an integer >= 1 or null$"):
+        MOON(projection_dim=0)
+    with pytest.raises(ConfigError, match=r"^MOON: temperature=0.0 is not a number > 0$"):
+        MOON(temperature=0.0)
+    assert MOON(projection_dim=None).hp.projection_dim is None
+    client = MOON(mu=2.0, projection_dim=3).build_client(TinyLinear(), num_classes=2)
+    assert isinstance(client.model, ProjectedClassifier) and client.model.num_features == 3 and client.hp.mu == 2.0

@@ -153,5 +153,5 @@ def test_scaffold_refuses_momentum_and_other_optimizers():
     with pytest.raises(ConfigError, match="optimizer=sgd"):
         SCAFFOLD(optimizer="adam")
     algorithm = SCAFFOLD()
-    assert algorithm.global_lr == 1.0 and algorithm.evaluation == ("clients", "server")
+    assert algorithm.hp.global_lr == 1.0 and algorithm.evaluation == ("clients", "server")
     assert isinstance(algorithm.build_server(), FedAvgServer)
