@@ -770,9 +770,6 @@ class ServerPlugin(Algorithm):
 
     The plugin's own hyperparameters are its :attr:`Hparams` (no optimizer: the clients are the
     base's); ``base`` is the one constructor argument besides them.
-
-    Args:
-        base: the base method (``None``: :attr:`default_base` with its defaults).
     """
 
     Hparams: ClassVar[type[Hyperparameters]] = Hyperparameters
@@ -785,6 +782,13 @@ class ServerPlugin(Algorithm):
     refinement_heterogeneous_models: ClassVar[bool | None] = None
 
     def __init__(self, base: Algorithm | None = None, **values: Any) -> None:
+        """A plugin on ``base``.
+
+        Args:
+            base: the weight-averaging base method whose clients and averaging the plugin refines
+                (``None``: FedAvg with its defaults).
+            **values: the plugin's own hyperparameters.
+        """
         super().__init__(**values)
         if base is None:
             if self.default_base is None:

@@ -205,9 +205,7 @@ class _PoisonClient(FedAvgClient):
 class _Poisoned(FedAvg):
     """FedAvg whose clients poison their upload when their id is 1."""
 
-    def build_client(self, model, num_classes):
-        """A poisoning-capable FedAvg client."""
-        return _PoisonClient(model, num_classes, **self.optimizer_kwargs())
+    client_type = _PoisonClient
 
 
 def _poisoned_loop(**kwargs):
