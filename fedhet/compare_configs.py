@@ -95,7 +95,7 @@ def comparable_settings(path: str | Path) -> dict[str, Any]:
     }
     if not caps.needs_public_data:
         flat = {k: v for k, v in flat.items() if not k.startswith(PUBLIC_KEYS)}
-    for key, value in method.optimizer_kwargs().items():
+    for key, value in method.client_optimizer().values().items():
         flat[f"client_optimizer.{key}"] = _plain(value)
     # the family in client order (client i gets family[i % len(family)])
     group = "heterogeneous" if caps.heterogeneous_models else "one_architecture"

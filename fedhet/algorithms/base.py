@@ -722,6 +722,10 @@ class Algorithm:
         """Channels of the scenario's images (3 before :meth:`configure`; every built-in dataset is RGB)."""
         return self.data_format.channels if getattr(self, "data_format", None) is not None else 3
 
+    def client_optimizer(self) -> LocalOptimizer:
+        """The clients' local optimizer settings (what every config of a comparison folder shares)."""
+        return projected(LocalOptimizer, self.hp)  # type: ignore[return-value]
+
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         """A :attr:`client_type` module around ``model``, reading ``self.hp``; once per architecture."""
         return self.client_type(model, num_classes, self.hp)
@@ -823,6 +827,9 @@ class ServerPlugin(Algorithm):
 
     def initialisation_of(self, client_id: int) -> int:
         return self.base.initialisation_of(client_id)
+
+    def client_optimizer(self) -> LocalOptimizer:
+        return self.base.client_optimizer()
 
     def evaluation_models(self, clients: ClientStates) -> dict[str, nn.Module]:
         return self.base.evaluation_models(clients)
