@@ -650,42 +650,41 @@ class PublicDistillationAlgorithm(Algorithm):
 TeacherChoice = Literal["previous_round", "post_collaboration"]
 
 
+@dataclass(frozen=True)
+class PreviousModelHparams(LocalOptimizer):
+    """The hyperparameters of a :class:`PreviousModelClient` (FCCL, FCCL+; the authors' code's defaults).
+
+    Local Adam 1e-3 with weight decay 1e-5, created anew every round in the code (configs set
+    ``federation.persist_optimizer_state: false``).
+    """
+
+    optimizer: OptimizerName = knob("adam", "local optimizer: sgd, adam or adamw")
+    lr: PositiveFloat = knob(1e-3, "local learning rate (before federation.lr_schedule)", log_uniform(1e-5, 1e-1))
+    weight_decay: NonNegativeFloat = knob(1e-5, "local L2 weight decay")
+    teacher_train_mode: bool = knob(
+        True, "run the local teachers in train mode (BatchNorm on batch statistics), as the authors' code; False: eval"
+    )
+
+
 class PreviousModelClient(ClientModule):
     """A client that keeps a frozen snapshot of its own model as a distillation teacher.
 
     Shared by FCCL+ (FNTD teacher) and FCCL (previous-round KD teacher). The snapshot starts as
     the initial model and is retaken at the end of every local update (``theta^{e-1}`` in round
-    ``e``), or at its start for Fig. 9's ``theta^e`` ablation. The authors' per-round linear
-    learning-rate decay is the platform's ``federation.lr_schedule`` (every method alike), not
-    the client's.
-
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        teacher: ``"previous_round"`` (paper) or ``"post_collaboration"`` (Fig. 9 ablation).
-        teacher_train_mode: run the teacher in train mode (BatchNorm on batch statistics), as the
-            authors' code does; ``False`` runs it in eval mode.
-        optimizer: local optimizer.
-        lr: local learning rate (before the platform's schedule).
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+    ``e``), or at its start for Fig. 9's ``theta^e`` ablation (:meth:`teacher_choice`). The
+    authors' per-round linear learning-rate decay is the platform's ``federation.lr_schedule``
+    (every method alike), not the client's.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        teacher: TeacherChoice = "previous_round",
-        teacher_train_mode: bool = True,
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.teacher_choice: TeacherChoice = teacher
-        self.teacher_train_mode = teacher_train_mode
+    Hparams = PreviousModelHparams
+
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.previous_model = copy.deepcopy(model).requires_grad_(False)
+
+    def teacher_choice(self) -> TeacherChoice:
+        """When the snapshot is taken: ``"previous_round"`` (the paper's ``theta^{e-1}``; FCCL+ makes it a knob)."""
+        return "previous_round"
 
     def ready_to_collaborate(self) -> bool:
         """Whether this client takes part in the collaborative phase (FCCL waits for pretraining)."""
@@ -697,17 +696,16 @@ class PreviousModelClient(ClientModule):
 
     @torch.no_grad()
     def teacher_logits(self, x: Tensor) -> Tensor:
-        self.previous_model.train(self.teacher_train_mode)
+        self.previous_model.train(self.hp.teacher_train_mode)
         return self.previous_model(x)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        return build_optimizer(trainable, self.optimizer_name, self.lr, self.momentum, self.weight_decay)
+        return self.local_optimizer([p for p in self.model.parameters() if p.requires_grad])
 
     def on_train_start(self) -> None:
-        if self.teacher_choice == "post_collaboration":
+        if self.teacher_choice() == "post_collaboration":
             self.snapshot_teacher()
 
     def on_train_end(self) -> None:
-        if self.teacher_choice == "previous_round":
+        if self.teacher_choice() == "previous_round":
             self.snapshot_teacher()
