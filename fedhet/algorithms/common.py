@@ -292,14 +292,28 @@ def build_shared_model(name: str, num_classes: int, in_channels: int, seed: int,
     return create_model(name, num_classes=num_classes, in_channels=in_channels, seed=derive_seed(seed, purpose, name))
 
 
+@dataclass(frozen=True)
+class SharedModelHparams(LocalOptimizer):
+    """The hyperparameters of a :class:`SeparatelyClippedClient` with a shared auxiliary model (FML, FedKD, FedType)."""
+
+    shared_init_seed: int = knob(0, "seed of the shared model's initialisation, the same on every client")
+    max_grad_norm: PositiveFloat | None = knob(
+        None, "clip each model's gradient norm separately at this value; None: off"
+    )
+
+    def check(self) -> None:
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ConfigError(f"max_grad_norm={self.max_grad_norm} is not a number > 0 (or null: no clipping)")
+
+
 class SeparatelyClippedClient(ClientModule):
     """A client holding several models whose gradient norms are clipped one model at a time (HtFLlib).
 
-    Subclasses set ``max_grad_norm`` (``None``: off) and yield one parameter list per model
-    from :meth:`clip_groups`; Lightning's own ``gradient_clip_val`` still applies afterwards.
+    Subclasses yield one parameter list per model from :meth:`clip_groups`; ``hp.max_grad_norm``
+    (``None``: off) bounds each; Lightning's own ``gradient_clip_val`` still applies afterwards.
     """
 
-    max_grad_norm: float | None = None
+    Hparams = SharedModelHparams
 
     def clip_groups(self) -> Iterator[list[Tensor]]:
         yield list(self.parameters())
@@ -307,9 +321,9 @@ class SeparatelyClippedClient(ClientModule):
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
     ) -> None:
-        if self.max_grad_norm is not None:
+        if self.hp.max_grad_norm is not None:
             for group in self.clip_groups():
-                torch.nn.utils.clip_grad_norm_(group, self.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm)
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
 
