@@ -55,7 +55,6 @@ from fedhet.functional import (
 from fedhet.hparams import (
     Hyperparameters,
     LocalOptimizer,
-    Momentum,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -333,14 +332,28 @@ def build_shared_model(name: str, num_classes: int, in_channels: int, seed: int,
     return create_model(name, num_classes=num_classes, in_channels=in_channels, seed=derive_seed(seed, purpose, name))
 
 
+@dataclass(frozen=True)
+class SharedModelHparams(LocalOptimizer):
+    """The hyperparameters of a :class:`SeparatelyClippedClient` with a shared auxiliary model (FML, FedKD, FedType)."""
+
+    shared_init_seed: int = knob(0, "seed of the shared model's initialisation, the same on every client")
+    max_grad_norm: PositiveFloat | None = knob(
+        None, "clip each model's gradient norm separately at this value; None: off"
+    )
+
+    def check(self) -> None:
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ConfigError(f"max_grad_norm={self.max_grad_norm} is not a number > 0 (or null: no clipping)")
+
+
 class SeparatelyClippedClient(ClientModule):
     """A client holding several models whose gradient norms are clipped one model at a time (HtFLlib).
 
-    Subclasses set ``max_grad_norm`` (``None``: off) and yield one parameter list per model
-    from :meth:`clip_groups`; Lightning's own ``gradient_clip_val`` still applies afterwards.
+    Subclasses yield one parameter list per model from :meth:`clip_groups`; ``hp.max_grad_norm``
+    (``None``: off) bounds each; Lightning's own ``gradient_clip_val`` still applies afterwards.
     """
 
-    max_grad_norm: float | None = None
+    Hparams = SharedModelHparams
 
     def clip_groups(self) -> Iterator[list[Tensor]]:
         yield list(self.parameters())
@@ -348,9 +361,9 @@ class SeparatelyClippedClient(ClientModule):
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
     ) -> None:
-        if self.max_grad_norm is not None:
+        if self.hp.max_grad_norm is not None:
             for group in self.clip_groups():
-                torch.nn.utils.clip_grad_norm_(group, self.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm)
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
 
@@ -592,6 +605,26 @@ class PublicLogitsPayload(Payload):
         check_shape(sender, "logits", self.logits, (batch_size, num_classes))
 
 
+@dataclass(frozen=True)
+class PublicDistillationHparams(LocalOptimizer):
+    """The local and public-phase settings of the lock-step distillation methods (FedMD, FedDF, RHFL, FedMatch).
+
+    Defaults are FCCL+'s benchmark frame, which all four ran in: local Adam 1e-3 with weight
+    decay 1e-5; one pass over the public set per round, each step with a new Adam 1e-3.
+    """
+
+    optimizer: OptimizerName = knob("adam", "local optimizer: sgd, adam or adamw")
+    lr: PositiveFloat = knob(1e-3, "local learning rate", log_uniform(1e-5, 1e-1))
+    weight_decay: NonNegativeFloat = knob(1e-5, "local L2 weight decay")
+    public_epochs: NonNegativeInt = knob(1, "passes over the public set per round (0 disables collaboration)")
+    public_optimizer: OptimizerName = knob("adam", "optimizer of the collaborative steps on public data")
+    public_lr: PositiveFloat = knob(1e-3, "learning rate of the collaborative steps", log_uniform(1e-5, 1e-1))
+    public_weight_decay: NonNegativeFloat = knob(0.0, "L2 weight decay of the collaborative steps")
+    reset_public_optimizer: bool = knob(
+        True, "new optimizer state for every public batch, as the benchmark code (Adam then takes sign-like steps)"
+    )
+
+
 class PublicDistillationPhase(CollaborativePhase, ABC):
     """The lock-step frame shared by FedMD, FedDF, RHFL and FedMatch in FCCL+'s benchmark.
 
@@ -599,37 +632,28 @@ class PublicDistillationPhase(CollaborativePhase, ABC):
     in train mode; they are validated and counted as uploads; :meth:`distillation_losses`
     builds one loss per participant from detached targets (one ``|B0| x C`` target per
     participant is counted as its download); each participant takes one step with its own
-    optimizer.
+    ``public_optimizer``, whose state is cleared before every step with ``reset_public_optimizer``
+    (the benchmark code's new optimizer per public batch).
 
     Args:
         clients: the round's participating client modules.
-        optimizer: optimizer of the collaborative steps.
-        lr: learning rate of the collaborative steps.
-        weight_decay: L2 weight decay of the collaborative steps.
-        reset_optimizer_each_step: clear the optimizer state before every step, reproducing the
-            benchmark code's new optimizer per public batch (Adam then takes sign-like steps).
-        start_round: rounds before this one skip collaboration (local-only warm-up).
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(
-        self,
-        clients: Sequence[ClientModule],
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        reset_optimizer_each_step: bool = True,
-        start_round: int = 0,
-    ) -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = PublicDistillationHparams
+
+    def __init__(self, clients: Sequence[ClientModule], hp: Any = None, **overrides: Any) -> None:
         super().__init__(clients)
-        self.public_optimizer: OptimizerName = optimizer
-        self.public_lr = lr
-        self.public_weight_decay = weight_decay
-        self.reset_optimizer_each_step = reset_optimizer_each_step
-        self.start_round = start_round
+        self.hp: Any = hparams_for(type(self), hp, overrides)
+
+    def start_round(self) -> int:
+        """Rounds before this one skip collaboration (a local-only warm-up; none by default)."""
+        return 0
 
     def client_optimizer(self, client: ClientModule) -> torch.optim.Optimizer:
         trainable = [p for p in client.parameters() if p.requires_grad]
-        return build_optimizer(trainable, self.public_optimizer, self.public_lr, 0.0, self.public_weight_decay)
+        return build_optimizer(trainable, self.hp.public_optimizer, self.hp.public_lr, 0.0, self.hp.public_weight_decay)
 
     @abstractmethod
     def distillation_losses(self, logits: list[Tensor], x: Tensor) -> list[Tensor]:
@@ -652,9 +676,9 @@ class PublicDistillationPhase(CollaborativePhase, ABC):
         return self.distillation_losses(self.public_logits(x), x)
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
-        if self.round_idx < self.start_round:
+        if self.round_idx < self.start_round():
             return
-        if self.reset_optimizer_each_step:
+        if self.hp.reset_public_optimizer:
             optimizers = self.optimizers()
             for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
                 getattr(optimizer, "optimizer", optimizer).state.clear()
@@ -664,57 +688,40 @@ class PublicDistillationPhase(CollaborativePhase, ABC):
 class PublicDistillationAlgorithm(Algorithm):
     """Base of the methods whose collaboration is a :class:`PublicDistillationPhase`.
 
-    FedMD, FedDF, RHFL and FedMatch share it: it holds and checks the public-phase settings once, so each method
-    only adds its own loss's arguments.
-
-    Args:
-        public_epochs: passes over the public set per round (0 disables collaboration).
-        public_optimizer: optimizer of the public steps.
-        public_lr: learning rate of the public steps.
-        public_weight_decay: L2 weight decay of the public steps.
-        reset_public_optimizer: new optimizer state for every public batch, as the benchmark code.
-        optimizer, lr, momentum, weight_decay: the local optimizer (:class:`Algorithm`).
+    FedMD, FedDF, RHFL and FedMatch share it: the public-phase settings are declared once
+    (:class:`PublicDistillationHparams`), so each method only declares its own loss's knobs and
+    names its :attr:`phase_type`.
     """
 
+    Hparams: ClassVar[type[Hyperparameters]] = PublicDistillationHparams
+    #: The lock-step phase built over each round's participants, reading ``self.hp``.
+    phase_type: ClassVar[type[PublicDistillationPhase]]
     capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
 
-    def __init__(
-        self,
-        public_epochs: NonNegativeInt,
-        public_optimizer: OptimizerName,
-        public_lr: PositiveFloat,
-        public_weight_decay: NonNegativeFloat,
-        reset_public_optimizer: bool,
-        optimizer: OptimizerName,
-        lr: PositiveFloat,
-        momentum: Momentum,
-        weight_decay: NonNegativeFloat,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        if public_epochs < 0:
-            raise ConfigError(f"{self.name}: public_epochs={public_epochs} must be >= 0 (0 disables collaboration)")
-        if public_lr <= 0:
-            raise ConfigError(f"{self.name}: public_lr={public_lr} must be > 0")
-        self.public_epochs = public_epochs
-        self.public_optimizer: OptimizerName = public_optimizer
-        self.public_lr = public_lr
-        self.public_weight_decay = public_weight_decay
-        self.reset_public_optimizer = reset_public_optimizer
-
-    def public_phase_kwargs(self) -> dict[str, Any]:
-        """The :class:`PublicDistillationPhase` optimizer arguments."""
-        return {
-            "optimizer": self.public_optimizer,
-            "lr": self.public_lr,
-            "weight_decay": self.public_weight_decay,
-            "reset_optimizer_each_step": self.reset_public_optimizer,
-        }
+    def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> PublicDistillationPhase:
+        return self.phase_type(clients, self.hp)
 
     def collaborative_epochs(self) -> int:
-        return self.public_epochs
+        return self.hp.public_epochs
 
 
 TeacherChoice = Literal["previous_round", "post_collaboration"]
+
+
+@dataclass(frozen=True)
+class PreviousModelHparams(LocalOptimizer):
+    """The hyperparameters of a :class:`PreviousModelClient` (FCCL, FCCL+; the authors' code's defaults).
+
+    Local Adam 1e-3 with weight decay 1e-5, created anew every round in the code (configs set
+    ``federation.persist_optimizer_state: false``).
+    """
+
+    optimizer: OptimizerName = knob("adam", "local optimizer: sgd, adam or adamw")
+    lr: PositiveFloat = knob(1e-3, "local learning rate (before federation.lr_schedule)", log_uniform(1e-5, 1e-1))
+    weight_decay: NonNegativeFloat = knob(1e-5, "local L2 weight decay")
+    teacher_train_mode: bool = knob(
+        True, "run the local teachers in train mode (BatchNorm on batch statistics), as the authors' code; False: eval"
+    )
 
 
 class PreviousModelClient(ClientModule):
@@ -722,37 +729,20 @@ class PreviousModelClient(ClientModule):
 
     Shared by FCCL+ (FNTD teacher) and FCCL (previous-round KD teacher). The snapshot starts as
     the initial model and is retaken at the end of every local update (``theta^{e-1}`` in round
-    ``e``), or at its start for Fig. 9's ``theta^e`` ablation. The authors' per-round linear
-    learning-rate decay is the platform's ``federation.lr_schedule`` (every method alike), not
-    the client's.
-
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        teacher: ``"previous_round"`` (paper) or ``"post_collaboration"`` (Fig. 9 ablation).
-        teacher_train_mode: run the teacher in train mode (BatchNorm on batch statistics), as the
-            authors' code does; ``False`` runs it in eval mode.
-        optimizer: local optimizer.
-        lr: local learning rate (before the platform's schedule).
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+    ``e``), or at its start for Fig. 9's ``theta^e`` ablation (:meth:`teacher_choice`). The
+    authors' per-round linear learning-rate decay is the platform's ``federation.lr_schedule``
+    (every method alike), not the client's.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        teacher: TeacherChoice = "previous_round",
-        teacher_train_mode: bool = True,
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.teacher_choice: TeacherChoice = teacher
-        self.teacher_train_mode = teacher_train_mode
+    Hparams = PreviousModelHparams
+
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.previous_model = copy.deepcopy(model).requires_grad_(False)
+
+    def teacher_choice(self) -> TeacherChoice:
+        """When the snapshot is taken: ``"previous_round"`` (the paper's ``theta^{e-1}``; FCCL+ makes it a knob)."""
+        return "previous_round"
 
     def ready_to_collaborate(self) -> bool:
         """Whether this client takes part in the collaborative phase (FCCL waits for pretraining)."""
@@ -764,17 +754,16 @@ class PreviousModelClient(ClientModule):
 
     @torch.no_grad()
     def teacher_logits(self, x: Tensor) -> Tensor:
-        self.previous_model.train(self.teacher_train_mode)
+        self.previous_model.train(self.hp.teacher_train_mode)
         return self.previous_model(x)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        return build_optimizer(trainable, self.optimizer_name, self.lr, self.momentum, self.weight_decay)
+        return self.local_optimizer([p for p in self.model.parameters() if p.requires_grad])
 
     def on_train_start(self) -> None:
-        if self.teacher_choice == "post_collaboration":
+        if self.teacher_choice() == "post_collaboration":
             self.snapshot_teacher()
 
     def on_train_end(self) -> None:
-        if self.teacher_choice == "previous_round":
+        if self.teacher_choice() == "previous_round":
             self.snapshot_teacher()

@@ -10,7 +10,7 @@ participant sends its logits ``Z_i`` ``[B, C]`` (validated) and receives the mea
 all participants (float32 bytes in the ledger).
 Download: per public batch, ``Zbar``.
 Server phase: none persistent.
-Collaborative phase: FCCL+'s (:class:`~fedhet.algorithms.fccl_plus.CrossCorrelationCollaboration`)
+Collaborative phase: FCCL+'s (:class:`~fedhet.algorithms.cross_correlation.CrossCorrelationCollaboration`)
 with FCCM only: one step per public batch on ``FCCM(Z_i, Zbar)``, Adam 1e-3 created anew per
 step (code). The code's linear per-round lr decay is the platform's ``federation.lr_schedule``
 (it sits in the authors' shared loop and applies to every method).
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,54 +52,39 @@ from fedhet.algorithms.base import (
     ClientModule,
     CollaborativePhase,
     LocalStage,
-    OptimizerName,
     RunPhase,
 )
 from fedhet.algorithms.common import PreviousModelClient
-from fedhet.algorithms.fccl_plus import CollaborativeOptimizer, CrossCorrelationCollaboration
+from fedhet.algorithms.cross_correlation import CrossCorrelationCollaboration, CrossCorrelationHparams
 from fedhet.core.state import copy_state_into
 from fedhet.functional import dual_domain_distillation
-from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
+from fedhet.hparams import NonNegativeFloat, NonNegativeInt, PositiveFloat, knob, log_uniform
 
 #: The run phase (and local stage) in which FCCL clients pretrain on their private data.
 PRETRAIN = "pretrain"
 
 
+@dataclass(frozen=True)
+class FCCLHparams(CrossCorrelationHparams):
+    """FCCL's hyperparameters (the FCCL+ code's re-implementation and its defaults)."""
+
+    fisl_weight: NonNegativeFloat = knob(
+        0.0,
+        "omega of FCCL+'s FISL added to the collaboration (0: FCCL; 3 gives the FCCM + FISL row of FCCL+'s "
+        "ablation Tab. X, which keeps FCCL's local objective)",
+    )
+    pretrain_epochs: NonNegativeInt = knob(50, "local pretraining epochs of every client before the federation")
+    pretrain_lr: PositiveFloat = knob(1e-3, "initial Adam learning rate of pretraining", log_uniform(1e-5, 1e-1))
+    pretrain_min_lr: NonNegativeFloat = knob(1e-6, "final learning rate of pretraining's cosine schedule")
+
+
 class FCCLClient(PreviousModelClient):
-    """Local updating of FCCL: cross-entropy plus distillation from two frozen teachers.
+    """Local updating of FCCL: cross-entropy plus distillation from two frozen teachers."""
 
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        pretrain_epochs: epochs of local pretraining before the first local update.
-        pretrain_lr: initial Adam learning rate of pretraining (cosine-annealed per epoch).
-        pretrain_min_lr: final learning rate of the cosine schedule.
-        teacher_train_mode: run the teachers in train mode as the authors' code does (``False``: eval).
-        optimizer: local optimizer.
-        lr: local learning rate (before the platform's schedule).
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
+    Hparams = FCCLHparams
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        pretrain_epochs: int = 50,
-        pretrain_lr: float = 1e-3,
-        pretrain_min_lr: float = 1e-6,
-        teacher_train_mode: bool = True,
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
-    ) -> None:
-        super().__init__(
-            model, num_classes, "previous_round", teacher_train_mode, optimizer, lr, momentum, weight_decay
-        )
-        self.pretrain_epochs = pretrain_epochs
-        self.pretrain_lr = pretrain_lr
-        self.pretrain_min_lr = pretrain_min_lr
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.pretrained_model = copy.deepcopy(model).requires_grad_(False)
         # Part of the client state, so that pretraining happens once even across a resume.
         self.register_buffer("pretrained", torch.zeros((), dtype=torch.bool))
@@ -109,15 +95,15 @@ class FCCLClient(PreviousModelClient):
     # ------------------------------------------------------------------ the "pretrain" run phase
     def local_stages(self) -> Sequence[LocalStage]:
         if self.phase == PRETRAIN:
-            return (LocalStage(PRETRAIN, epochs=self.pretrain_epochs),)
+            return (LocalStage(PRETRAIN, epochs=self.hp.pretrain_epochs),)
         return super().local_stages()
 
     def configure_optimizers(self) -> Any:
         if self.stage != PRETRAIN:
             return super().configure_optimizers()
-        optimizer = torch.optim.Adam(self.model.parameters(), lr=self.pretrain_lr)
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=self.hp.pretrain_lr)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
-            optimizer, T_max=max(self.pretrain_epochs, 1), eta_min=self.pretrain_min_lr
+            optimizer, T_max=max(self.hp.pretrain_epochs, 1), eta_min=self.hp.pretrain_min_lr
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
 
@@ -151,97 +137,29 @@ class FCCLClient(PreviousModelClient):
         if self.stage == PRETRAIN:
             return F.cross_entropy(logits, y)
         with torch.no_grad():
-            self.pretrained_model.train(self.teacher_train_mode)
+            self.pretrained_model.train(self.hp.teacher_train_mode)
             pretrained_logits = self.pretrained_model(x)
         return F.cross_entropy(logits, y) + dual_domain_distillation(logits, self.teacher_logits(x), pretrained_logits)
 
 
 class FCCL(Algorithm):
-    """FCCL (CVPR 2022; heterogeneous models, unlabeled public data; designed for domain shift).
+    """FCCL (CVPR 2022; heterogeneous models, unlabeled public data; designed for domain shift)."""
 
-    Args:
-        off_diag_weight: lambda, weight of FCCM's off-diagonal term (0.0051).
-        off_diag_target: FCCM off-diagonal target, -1 (code) or 0 (Barlow Twins).
-        fisl_weight: omega of FCCL+'s FISL added to the collaboration (0: FCCL; 3 gives the
-            "FCCM + FISL" row of FCCL+'s ablation Tab. X, which keeps FCCL's local objective).
-        similarity_temperature: mu of FISL (used only when ``fisl_weight > 0``).
-        pretrain_epochs: local pretraining epochs of every client before the federation (50 in the code).
-        pretrain_lr: initial Adam learning rate of pretraining (1e-3).
-        pretrain_min_lr: final learning rate of pretraining's cosine schedule (1e-6).
-        teacher_train_mode: run the local teachers in train mode (authors' code; ``False``: eval).
-        public_lr: learning rate of the collaborative Adam (1e-3; ``federation.lr_schedule`` scales it).
-        public_epochs: passes over the public set per round.
-        collaborative_optimizer: ``"fresh_each_step"`` (code) or ``"per_round"``.
-        std_eps: added to the per-dimension std of FCCM (0: exactly the code).
-        optimizer: local optimizer (Adam in the code).
-        lr: local learning rate (1e-3).
-        momentum: SGD momentum.
-        weight_decay: local L2 weight decay (1e-5 in the code).
-    """
-
+    Hparams = FCCLHparams
+    client_type = FCCLClient
     capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)
     upload_type = None
     download_type = None
 
-    def __init__(
-        self,
-        off_diag_weight: NonNegativeFloat = 0.0051,
-        off_diag_target: float = -1.0,
-        fisl_weight: NonNegativeFloat = 0.0,
-        similarity_temperature: PositiveFloat = 0.02,
-        pretrain_epochs: NonNegativeInt = 50,
-        pretrain_lr: PositiveFloat = 1e-3,
-        pretrain_min_lr: NonNegativeFloat = 1e-6,
-        teacher_train_mode: bool = True,
-        public_lr: PositiveFloat = 1e-3,
-        public_epochs: NonNegativeInt = 1,
-        collaborative_optimizer: CollaborativeOptimizer = "fresh_each_step",
-        std_eps: NonNegativeFloat = 1e-5,
-        optimizer: OptimizerName = "adam",
-        lr: PositiveFloat = 1e-3,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 1e-5,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.off_diag_weight = off_diag_weight
-        self.off_diag_target = off_diag_target
-        self.fisl_weight = fisl_weight
-        self.similarity_temperature = similarity_temperature
-        self.pretrain_epochs = pretrain_epochs
-        self.pretrain_lr = pretrain_lr
-        self.pretrain_min_lr = pretrain_min_lr
-        self.teacher_train_mode = teacher_train_mode
-        self.public_lr = public_lr
-        self.public_epochs = public_epochs
-        self.collaborative_optimizer: CollaborativeOptimizer = collaborative_optimizer
-        self.std_eps = std_eps
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return FCCLClient(
-            model,
-            num_classes,
-            pretrain_epochs=self.pretrain_epochs,
-            pretrain_lr=self.pretrain_lr,
-            pretrain_min_lr=self.pretrain_min_lr,
-            teacher_train_mode=self.teacher_train_mode,
-            **self.optimizer_kwargs(),
-        )
-
     def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> CollaborativePhase:
-        return CrossCorrelationCollaboration(
-            clients,  # type: ignore[arg-type]
-            off_diag_weight=self.off_diag_weight,
-            off_diag_target=self.off_diag_target,
-            fisl_weight=self.fisl_weight,
-            similarity_temperature=self.similarity_temperature,
-            public_lr=self.public_lr,
-            collaborative_optimizer=self.collaborative_optimizer,
-            std_eps=self.std_eps,
-        )
+        return CrossCorrelationCollaboration(clients, self.hp)  # type: ignore[arg-type]
 
     def collaborative_epochs(self) -> int:
-        return self.public_epochs
+        return self.hp.public_epochs
 
     def phases(self) -> Sequence[RunPhase]:
         """Local pretraining of every client before the federation (the code's 50 epochs)."""
         return (RunPhase(PRETRAIN, "before", rounds=1, participation=None, exchange=False),)
+
+
+__all__ = ["FCCL", "FCCLClient", "FCCLHparams"]

@@ -32,86 +32,39 @@ Deviations from paper/official code:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 from torch import Tensor
 
-from fedhet.algorithms.base import ClientModule, OptimizerName
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
-from fedhet.errors import ConfigError
+from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
 from fedhet.functional.distillation import ensemble_distillation_loss, logit_consensus
-from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
+from fedhet.hparams import NonNegativeFloat, OptimizerName, PositiveFloat, knob, log_uniform
+
+
+@dataclass(frozen=True)
+class FedDFHparams(PublicDistillationHparams):
+    """FedDF's hyperparameters (FCCL+'s benchmark code: distillation by SGD 1e-3, weight decay 1e-5)."""
+
+    public_optimizer: OptimizerName = knob("sgd", "optimizer of the distillation steps (benchmark code: SGD)")
+    public_weight_decay: NonNegativeFloat = knob(1e-5, "L2 weight decay of the distillation steps")
+    temperature: PositiveFloat = knob(1.0, "distillation temperature T (benchmark: 1)", log_uniform(0.5, 10.0))
 
 
 class FedDFPhase(PublicDistillationPhase):
-    """Each participant distils the averaged logits of all participants (itself included).
+    """Each participant distils the averaged logits of all participants (itself included)."""
 
-    Args:
-        clients: the round's participating client modules.
-        temperature: distillation temperature ``T``.
-        optimizer: optimizer of the distillation steps.
-        lr: learning rate of the distillation steps.
-        weight_decay: L2 weight decay of the distillation steps.
-        reset_optimizer_each_step: new optimizer state for every public batch (benchmark code).
-    """
-
-    def __init__(
-        self,
-        clients: Sequence[ClientModule],
-        temperature: float = 1.0,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 1e-3,
-        weight_decay: float = 1e-5,
-        reset_optimizer_each_step: bool = True,
-    ) -> None:
-        super().__init__(clients, optimizer, lr, weight_decay, reset_optimizer_each_step)
-        self.temperature = temperature
+    Hparams = FedDFHparams
 
     def distillation_losses(self, logits: list[Tensor], x: Tensor) -> list[Tensor]:
         ensemble = logit_consensus(logits)
-        return [ensemble_distillation_loss(z, ensemble, self.temperature) for z in logits]
+        return [ensemble_distillation_loss(z, ensemble, self.hp.temperature) for z in logits]
 
 
 class FedDF(PublicDistillationAlgorithm):
-    """FedDF in its heterogeneous form (every client a student of the ensemble).
+    """FedDF in its heterogeneous form (every client a student of the ensemble)."""
 
-    Args:
-        temperature: distillation temperature (benchmark: 1).
-        public_epochs: passes over the public set per round in the distillation phase.
-        public_optimizer: optimizer of the distillation steps (benchmark code: SGD).
-        public_lr: learning rate of the distillation steps (benchmark code: 1e-3).
-        public_weight_decay: L2 weight decay of the distillation steps (benchmark code: 1e-5).
-        reset_public_optimizer: new optimizer state for every public batch, as the benchmark code.
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: local L2 weight decay.
-    """
+    Hparams = FedDFHparams
+    phase_type = FedDFPhase
 
-    def __init__(
-        self,
-        temperature: PositiveFloat = 1.0,
-        public_epochs: NonNegativeInt = 1,
-        public_optimizer: OptimizerName = "sgd",
-        public_lr: PositiveFloat = 1e-3,
-        public_weight_decay: NonNegativeFloat = 1e-5,
-        reset_public_optimizer: bool = True,
-        optimizer: OptimizerName = "adam",
-        lr: PositiveFloat = 1e-3,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 1e-5,
-    ) -> None:
-        super().__init__(
-            public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,
-            optimizer, lr, momentum, weight_decay,
-        )
-        if temperature <= 0:
-            raise ConfigError(f"FedDF: temperature={temperature} must be > 0")
-        self.temperature = temperature
 
-    def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> FedDFPhase:
-        return FedDFPhase(
-            clients,
-            temperature=self.temperature,
-            **self.public_phase_kwargs(),
-        )
+__all__ = ["FedDF", "FedDFHparams", "FedDFPhase"]

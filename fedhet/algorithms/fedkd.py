@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -53,15 +53,20 @@ from fedhet.algorithms.base import (
     Capabilities,
     ClientModule,
     ClientUpload,
-    OptimizerName,
     ServerContext,
     ServerPhase,
-    build_optimizer,
+    hparams_for,
 )
-from fedhet.algorithms.common import SeparatelyClippedClient, SharedWeighting, build_shared_model, state_with_prefix
+from fedhet.algorithms.common import (
+    SeparatelyClippedClient,
+    SharedModelHparams,
+    SharedWeighting,
+    build_shared_model,
+    state_with_prefix,
+)
 from fedhet.core.payloads import Payload, check_shape
 from fedhet.core.state import clone_state, copy_state_into
-from fedhet.errors import ConfigError, TrainingError
+from fedhet.errors import TrainingError
 from fedhet.functional import (
     adaptive_mutual_distillation,
     compress_state,
@@ -70,7 +75,7 @@ from fedhet.functional import (
     weighted_average,
 )
 from fedhet.functional.mutual_learning import KLReduction
-from fedhet.hparams import Fraction, Momentum, NonNegativeFloat, PositiveFloat
+from fedhet.hparams import Fraction, Hyperparameters, PositiveFloat, knob, log_uniform, uniform
 
 CompressedQuantity = Literal["update", "weights"]
 STUDENT_PREFIX = "student."
@@ -121,51 +126,48 @@ def compress_student(state: Mapping[str, Tensor], energy: float) -> SVDStatePayl
     return SVDStatePayload(low_rank=low_rank, dense=dense, energy=energy)
 
 
+@dataclass(frozen=True)
+class FedKDHparams(SharedModelHparams):
+    """FedKD's hyperparameters (FedKTL App. C: student lr 0.01, T_start = T_end = 0.95; HtFLlib: clipping at 10)."""
+
+    max_grad_norm: PositiveFloat | None = knob(10.0, "per-model gradient clipping norm (HtFLlib: 10); None: off")
+    student_model: str = knob(
+        "simple_cnn", "registered model name of the shared student (FedKTL: the smallest zoo model)"
+    )
+    student_lr: PositiveFloat = knob(
+        0.01, "learning rate of the student and the hidden-state map (FedKTL App. C: 0.01)", log_uniform(1e-4, 1.0)
+    )
+    t_start: Fraction = knob(0.95, "SVD energy threshold of the first round (FedKTL App. C: 0.95)", uniform(0.8, 1.0))
+    t_end: Fraction = knob(0.95, "SVD energy threshold of the last round (FedKTL App. C: 0.95)", uniform(0.8, 1.0))
+    compressed_quantity: CompressedQuantity = knob(
+        "update", "what is compressed: update (paper, code) or weights (HtFLlib)"
+    )
+    student_weighting: SharedWeighting = knob("uniform", "averaging of students: uniform (both codes) or samples")
+    kl_reduction: KLReduction = knob("batchmean", "batchmean (per-sample KL) or mean (HtFLlib's element mean)")
+
+
 class FedKDClient(SeparatelyClippedClient):
     """Private teacher (evaluated), shared student and private hidden-state map, distilled mutually.
+
+    ``hp.lr`` trains the teacher, ``hp.student_lr`` the student and ``W_h``, in one optimizer.
 
     Args:
         model: the private teacher backbone (possibly heterogeneous).
         num_classes: number of classes.
         student: the shared student (one architecture for all clients).
-        t_start: energy threshold of the first round's compression.
-        t_end: energy threshold of the last round's compression.
-        student_lr: learning rate of the student and of ``W_h``.
-        compressed_quantity: ``"update"`` (paper, official code) or ``"weights"`` (HtFLlib).
-        kl_reduction: ``"batchmean"`` (per-sample KL) or ``"mean"`` (HtFLlib, also over classes).
-        max_grad_norm: clip teacher, student and ``W_h`` gradients separately; ``None``: off.
-        optimizer: local optimizer.
-        lr: teacher learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
+    Hparams = FedKDHparams
+
     def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        student: nn.Module,
-        t_start: float = 0.95,
-        t_end: float = 0.95,
-        student_lr: float = 0.01,
-        compressed_quantity: CompressedQuantity = "update",
-        kl_reduction: KLReduction = "batchmean",
-        max_grad_norm: float | None = 10.0,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        self, model: nn.Module, num_classes: int, student: nn.Module, hp: Any = None, **overrides: Any
     ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+        super().__init__(model, num_classes, hp, **overrides)
         self.student = student
         # HtFLlib's W_h: student features -> teacher features, private to the client.
         self.hidden_map = nn.Linear(int(student.num_features), int(model.num_features), bias=False)  # type: ignore[arg-type]
-        self.t_start = t_start
-        self.t_end = t_end
-        self.student_lr = student_lr
-        self.compressed_quantity: CompressedQuantity = compressed_quantity
-        self.kl_reduction: KLReduction = kl_reduction
-        self.max_grad_norm = max_grad_norm
         self.student_at_start: dict[str, Tensor] = {}
 
     def local_loss(self, batch: Batch) -> Tensor:
@@ -178,15 +180,15 @@ class FedKDClient(SeparatelyClippedClient):
             teacher_hidden,
             self.hidden_map(student_hidden),
             y,
-            self.kl_reduction,
+            self.hp.kl_reduction,
         )
         return teacher_loss + student_loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         teacher = [p for p in self.model.parameters() if p.requires_grad]
         student = [p for p in [*self.student.parameters(), *self.hidden_map.parameters()] if p.requires_grad]
-        groups: Any = [{"params": teacher}, {"params": student, "lr": self.student_lr}]
-        return build_optimizer(groups, self.optimizer_name, self.lr, self.momentum, self.weight_decay)
+        groups: Any = [{"params": teacher}, {"params": student, "lr": self.hp.student_lr}]
+        return self.local_optimizer(groups)
 
     def clip_groups(self) -> Iterator[list[Tensor]]:
         """Parameter groups clipped separately (teacher, student, ``W_h``; as HtFLlib)."""
@@ -201,11 +203,11 @@ class FedKDClient(SeparatelyClippedClient):
 
     def round_energy(self) -> float:
         """This round's energy threshold (``T_start`` -> ``T_end`` over the run)."""
-        return energy_schedule(self.round_idx, self.total_rounds, self.t_start, self.t_end)
+        return energy_schedule(self.round_idx, self.total_rounds, self.hp.t_start, self.hp.t_end)
 
     def make_upload(self, train_batches: Iterable[Batch]) -> SVDStatePayload:
         current = clone_state(self.student.state_dict())
-        if self.compressed_quantity == "update":
+        if self.hp.compressed_quantity == "update":
             start = self.student_at_start or current
             # floating entries travel as updates; integer counters (BatchNorm) as values
             current = {k: v - start[k].to(v.device) if v.is_floating_point() else v for k, v in current.items()}
@@ -215,16 +217,18 @@ class FedKDClient(SeparatelyClippedClient):
 class FedKDServer(ServerPhase):
     """Holds the global student; averages decompressed student updates (or weights).
 
+    It reads ``compressed_quantity`` (what clients upload) and ``student_weighting``.
+
     Args:
-        compressed_quantity: what clients upload, ``"update"`` or ``"weights"``.
-        weighting: ``"uniform"`` (both codes) or ``"samples"`` (example-weighted).
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(
-        self, compressed_quantity: CompressedQuantity = "update", weighting: SharedWeighting = "uniform"
-    ) -> None:
-        self.compressed_quantity: CompressedQuantity = compressed_quantity
-        self.weighting: SharedWeighting = weighting
+    Hparams: ClassVar[type[Hyperparameters]] = FedKDHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
+        super().__init__()
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.global_student: dict[str, Tensor] = {}
         self.energy = 1.0
         self.download: SVDStatePayload | None = None
@@ -240,9 +244,9 @@ class FedKDServer(ServerPhase):
             assert isinstance(upload.payload, SVDStatePayload)
             upload.payload.validate_against(self.global_student, f"client {upload.client_id}")
             states.append(upload.payload.decompressed(self.global_student))
-        weights = [u.payload.num_examples if self.weighting == "samples" else 1 for u in uploads]
+        weights = [u.payload.num_examples if self.hp.student_weighting == "samples" else 1 for u in uploads]
         mean = weighted_average(states, weights)
-        if self.compressed_quantity == "update":
+        if self.hp.compressed_quantity == "update":
             mean = {
                 k: (v + mean[k].to(v.dtype)) if v.is_floating_point() else mean[k]
                 for k, v in self.global_student.items()
@@ -267,74 +271,22 @@ class FedKDServer(ServerPhase):
 
 
 class FedKD(Algorithm):
-    """FedKD (heterogeneous private teachers, one shared student architecture).
+    """FedKD (heterogeneous private teachers, one shared student architecture)."""
 
-    Args:
-        student_model: registered model name of the shared student (FedKTL: the smallest zoo model).
-        student_lr: learning rate of the student and the hidden-state map (FedKTL App. C: 0.01).
-        t_start: SVD energy threshold of the first round (FedKTL App. C: 0.95).
-        t_end: SVD energy threshold of the last round (FedKTL App. C: 0.95).
-        compressed_quantity: ``"update"`` (paper, official code) or ``"weights"`` (HtFLlib).
-        student_weighting: ``"uniform"`` (both codes) or ``"samples"`` averaging of students.
-        shared_init_seed: seed of the student initialisation, common to all clients.
-        kl_reduction: ``"batchmean"`` (per-sample KL) or ``"mean"`` (HtFLlib's element mean).
-        max_grad_norm: per-model gradient clipping norm (HtFLlib: 10); ``None`` turns it off.
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: teacher learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = FedKDHparams
+    client_type = FedKDClient
     capabilities = Capabilities(heterogeneous_models=True)
     upload_type = SVDStatePayload
     download_type = SVDStatePayload
 
-    def __init__(
-        self,
-        student_model: str = "simple_cnn",
-        student_lr: PositiveFloat = 0.01,
-        t_start: Fraction = 0.95,
-        t_end: Fraction = 0.95,
-        compressed_quantity: CompressedQuantity = "update",
-        student_weighting: SharedWeighting = "uniform",
-        shared_init_seed: int = 0,
-        kl_reduction: KLReduction = "batchmean",
-        max_grad_norm: PositiveFloat | None = 10.0,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        for name, value in (("t_start", t_start), ("t_end", t_end)):
-            if not 0.0 < value <= 1.0:
-                raise ConfigError(f"method.{name}={value}: an energy threshold must be in (0, 1]")
-        self.student_model = student_model
-        self.student_lr = student_lr
-        self.t_start = t_start
-        self.t_end = t_end
-        self.compressed_quantity: CompressedQuantity = compressed_quantity
-        self.student_weighting: SharedWeighting = student_weighting
-        self.shared_init_seed = shared_init_seed
-        self.kl_reduction: KLReduction = kl_reduction
-        self.max_grad_norm = max_grad_norm
-
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         student = build_shared_model(
-            self.student_model, num_classes, self.image_channels(), self.shared_init_seed, "fedkd-student"
+            self.hp.student_model, num_classes, self.image_channels(), self.hp.shared_init_seed, "fedkd-student"
         )
-        return FedKDClient(
-            model,
-            num_classes,
-            student,
-            t_start=self.t_start,
-            t_end=self.t_end,
-            student_lr=self.student_lr,
-            compressed_quantity=self.compressed_quantity,
-            kl_reduction=self.kl_reduction,
-            max_grad_norm=self.max_grad_norm,
-            **self.optimizer_kwargs(),
-        )
+        return FedKDClient(model, num_classes, student, self.hp)
 
     def build_server(self) -> ServerPhase:
-        return FedKDServer(self.compressed_quantity, self.student_weighting)
+        return FedKDServer(self.hp)
+
+
+__all__ = ["FedKD", "FedKDClient", "FedKDHparams", "FedKDServer", "SVDStatePayload", "compress_student"]

@@ -42,18 +42,17 @@ Adam 1e-3 with weight decay 1e-5.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedhet.algorithms.base import ClientModule, OptimizerName
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
+from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
 from fedhet.data.augment import Compose, RandomCropPad, RandomHorizontalFlip
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import confident_pseudo_labels, kl_to_target, masked_pseudo_label_loss
-from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat, UnitInterval
+from fedhet.hparams import NonNegativeFloat, UnitInterval, knob, log_uniform, uniform
 
 
 class Cutout:
@@ -91,35 +90,29 @@ def strong_augment(image_size: int) -> Compose:
     return Compose([RandomHorizontalFlip(), RandomCropPad(max(1, image_size // 8)), Cutout(image_size // 2)])
 
 
+@dataclass(frozen=True)
+class FedMatchHparams(PublicDistillationHparams):
+    """FedMatch's hyperparameters (the paper's threshold; the benchmark frame's optimizers)."""
+
+    threshold: UnitInterval = knob(
+        0.85, "helper confidence above which a public sample gets a pseudo-label (paper: 0.85)", uniform(0.5, 0.99)
+    )
+    pseudo_label_weight: NonNegativeFloat = knob(
+        1.0, "weight of the pseudo-label cross-entropy on the strong view", log_uniform(0.1, 10.0)
+    )
+    consistency_weight: NonNegativeFloat = knob(
+        1.0, "weight of the inter-client consistency KL", log_uniform(0.1, 10.0)
+    )
+
+    def check(self) -> None:
+        if not self.threshold < 1.0:
+            raise ConfigError(f"threshold={self.threshold} is not a number in [0, 1) (1 would never pseudo-label)")
+
+
 class FedMatchPhase(PublicDistillationPhase):
-    """Helpers' consistency plus their confident pseudo-labels on a strongly augmented view.
+    """Helpers' consistency plus their confident pseudo-labels on a strongly augmented view."""
 
-    Args:
-        clients: the round's participating client modules.
-        threshold: minimum helper confidence for a pseudo-label.
-        pseudo_label_weight: weight of the pseudo-label cross-entropy.
-        consistency_weight: weight of the inter-client consistency KL.
-        optimizer: optimizer of the collaborative steps.
-        lr: learning rate of the collaborative steps.
-        weight_decay: L2 weight decay of the collaborative steps.
-        reset_optimizer_each_step: new optimizer state for every public batch.
-    """
-
-    def __init__(
-        self,
-        clients: Sequence[ClientModule],
-        threshold: float = 0.85,
-        pseudo_label_weight: float = 1.0,
-        consistency_weight: float = 1.0,
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        reset_optimizer_each_step: bool = True,
-    ) -> None:
-        super().__init__(clients, optimizer, lr, weight_decay, reset_optimizer_each_step)
-        self.threshold = threshold
-        self.pseudo_label_weight = pseudo_label_weight
-        self.consistency_weight = consistency_weight
+    Hparams = FedMatchHparams
 
     def strong_view(self, x: Tensor) -> Tensor:
         """A strongly augmented copy of public batch ``x``, from the loop's seeded global RNG."""
@@ -130,68 +123,23 @@ class FedMatchPhase(PublicDistillationPhase):
         if len(logits) < 2:  # no helper this round
             return [z.sum() * 0.0 for z in logits]
         probs = torch.stack([F.softmax(z.detach(), dim=1) for z in logits])  # [K, B, C]
-        strong = self.strong_view(x) if self.pseudo_label_weight > 0 else None
+        strong = self.strong_view(x) if self.hp.pseudo_label_weight > 0 else None
         losses = []
         for i, (client, z) in enumerate(zip(self.clients, logits, strict=False)):
             helpers = (probs.sum(dim=0) - probs[i]) / (len(logits) - 1)
-            loss = self.consistency_weight * kl_to_target(z, helpers)
+            loss = self.hp.consistency_weight * kl_to_target(z, helpers)
             if strong is not None:
-                labels, mask = confident_pseudo_labels(helpers, self.threshold)
-                loss = loss + self.pseudo_label_weight * masked_pseudo_label_loss(client(strong), labels, mask)
+                labels, mask = confident_pseudo_labels(helpers, self.hp.threshold)
+                loss = loss + self.hp.pseudo_label_weight * masked_pseudo_label_loss(client(strong), labels, mask)
             losses.append(loss)
         return losses
 
 
 class FedMatch(PublicDistillationAlgorithm):
-    """FedMatch adapted to heterogeneous models with public data (approximation; see module docstring).
+    """FedMatch adapted to heterogeneous models with public data (approximation; see module docstring)."""
 
-    Args:
-        threshold: helper confidence above which a public sample gets a pseudo-label (paper: 0.85).
-        pseudo_label_weight: weight of the pseudo-label cross-entropy on the strong view.
-        consistency_weight: weight of the inter-client consistency KL.
-        public_epochs: passes over the public set per round in the collaborative phase.
-        public_optimizer: optimizer of the collaborative steps (benchmark frame: Adam).
-        public_lr: learning rate of the collaborative steps.
-        public_weight_decay: L2 weight decay of the collaborative steps.
-        reset_public_optimizer: new optimizer state for every public batch, as the benchmark code.
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: local L2 weight decay.
-    """
+    Hparams = FedMatchHparams
+    phase_type = FedMatchPhase
 
-    def __init__(
-        self,
-        threshold: UnitInterval = 0.85,
-        pseudo_label_weight: NonNegativeFloat = 1.0,
-        consistency_weight: NonNegativeFloat = 1.0,
-        public_epochs: NonNegativeInt = 1,
-        public_optimizer: OptimizerName = "adam",
-        public_lr: PositiveFloat = 1e-3,
-        public_weight_decay: NonNegativeFloat = 0.0,
-        reset_public_optimizer: bool = True,
-        optimizer: OptimizerName = "adam",
-        lr: PositiveFloat = 1e-3,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 1e-5,
-    ) -> None:
-        super().__init__(
-            public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,
-            optimizer, lr, momentum, weight_decay,
-        )
-        if not 0.0 <= threshold < 1.0:
-            raise ConfigError(f"FedMatch: threshold={threshold} must be in [0, 1)")
-        if pseudo_label_weight < 0 or consistency_weight < 0:
-            raise ConfigError("FedMatch: pseudo_label_weight and consistency_weight must be >= 0")
-        self.threshold = threshold
-        self.pseudo_label_weight = pseudo_label_weight
-        self.consistency_weight = consistency_weight
 
-    def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> FedMatchPhase:
-        return FedMatchPhase(
-            clients,
-            threshold=self.threshold,
-            pseudo_label_weight=self.pseudo_label_weight,
-            consistency_weight=self.consistency_weight,
-            **self.public_phase_kwargs(),
-        )
+__all__ = ["Cutout", "FedMatch", "FedMatchHparams", "FedMatchPhase", "strong_augment"]

@@ -37,100 +37,43 @@ Deviations from paper/official code:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 from torch import Tensor
 
-from fedhet.algorithms.base import (
-    ClientModule,
-    OptimizerName,
-)
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
-from fedhet.errors import ConfigError
+from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
 from fedhet.functional.distillation import DigestLoss, digest_loss, logit_consensus
-from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
+from fedhet.hparams import NonNegativeInt, knob
 
-#: Logits and targets cross the network as float32, whatever precision a client trains in.
+
+@dataclass(frozen=True)
+class FedMDHparams(PublicDistillationHparams):
+    """FedMD's hyperparameters (FCCL+'s benchmark code: digest by a new Adam 1e-3 per public batch)."""
+
+    digest_loss: DigestLoss = knob("l1", "digest loss: l1 (benchmark code) or mse (paper)")
+    pretrain_rounds: NonNegativeInt = knob(
+        0, "rounds of local cross-entropy only before the digest starts (stand-in for the code's pre-trained nets)"
+    )
 
 
 class FedMDPhase(PublicDistillationPhase):
-    """Digest: each participant regresses its logits on the consensus (L1 or MSE).
+    """Digest: each participant regresses its logits on the consensus (L1 or MSE)."""
 
-    Args:
-        clients: the round's participating client modules.
-        digest: ``"l1"`` (benchmark code) or ``"mse"`` (paper).
-        optimizer: optimizer of the digest steps.
-        lr: learning rate of the digest steps.
-        weight_decay: L2 weight decay of the digest steps.
-        reset_optimizer_each_step: new optimizer state for every public batch (benchmark code).
-        start_round: first round with a digest step.
-    """
+    Hparams = FedMDHparams
 
-    def __init__(
-        self,
-        clients: Sequence[ClientModule],
-        digest: DigestLoss = "l1",
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        reset_optimizer_each_step: bool = True,
-        start_round: int = 0,
-    ) -> None:
-        super().__init__(clients, optimizer, lr, weight_decay, reset_optimizer_each_step, start_round)
-        self.digest: DigestLoss = digest
+    def start_round(self) -> int:
+        return self.hp.pretrain_rounds
 
     def distillation_losses(self, logits: list[Tensor], x: Tensor) -> list[Tensor]:
         consensus = logit_consensus(logits)
-        return [digest_loss(z, consensus, self.digest) for z in logits]
+        return [digest_loss(z, consensus, self.hp.digest_loss) for z in logits]
 
 
 class FedMD(PublicDistillationAlgorithm):
-    """FedMD (heterogeneous models, unlabelled public data).
+    """FedMD (heterogeneous models, unlabelled public data)."""
 
-    Args:
-        digest_loss: ``"l1"`` (benchmark code, default) or ``"mse"`` (paper).
-        public_epochs: passes over the public set per round in the digest phase.
-        public_optimizer: optimizer of the digest steps (benchmark: Adam).
-        public_lr: learning rate of the digest steps.
-        public_weight_decay: L2 weight decay of the digest steps.
-        reset_public_optimizer: new optimizer state for every public batch, as the benchmark code.
-        pretrain_rounds: rounds of local cross-entropy only before the digest starts (stand-in
-            for the code's locally pre-trained initialisation; 0: random init).
-        optimizer: local (revisit) optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: local L2 weight decay.
-    """
+    Hparams = FedMDHparams
+    phase_type = FedMDPhase
 
-    def __init__(
-        self,
-        digest_loss: DigestLoss = "l1",
-        public_epochs: NonNegativeInt = 1,
-        public_optimizer: OptimizerName = "adam",
-        public_lr: PositiveFloat = 1e-3,
-        public_weight_decay: NonNegativeFloat = 0.0,
-        reset_public_optimizer: bool = True,
-        pretrain_rounds: NonNegativeInt = 0,
-        optimizer: OptimizerName = "adam",
-        lr: PositiveFloat = 1e-3,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 1e-5,
-    ) -> None:
-        super().__init__(
-            public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,
-            optimizer, lr, momentum, weight_decay,
-        )
-        if digest_loss not in ("l1", "mse"):
-            raise ConfigError(f"FedMD: digest_loss={digest_loss!r}; use 'l1' (benchmark code) or 'mse' (paper)")
-        if pretrain_rounds < 0:
-            raise ConfigError(f"FedMD: pretrain_rounds={pretrain_rounds} must be >= 0")
-        self.digest_loss: DigestLoss = digest_loss
-        self.pretrain_rounds = pretrain_rounds
 
-    def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> FedMDPhase:
-        return FedMDPhase(
-            clients,
-            digest=self.digest_loss,
-            **self.public_phase_kwargs(),
-            start_round=self.pretrain_rounds,
-        )
+__all__ = ["FedMD", "FedMDHparams", "FedMDPhase"]

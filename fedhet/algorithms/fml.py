@@ -31,19 +31,15 @@ not provided.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import (
-    Algorithm,
-    Batch,
-    Capabilities,
-    ClientModule,
-    OptimizerName,
-    ServerPhase,
-)
+from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase, hparams_for
 from fedhet.algorithms.common import (
     SeparatelyClippedClient,
+    SharedModelHparams,
     SharedWeighting,
     SubmoduleAveragingServer,
     SubmoduleSharingClient,
@@ -52,53 +48,49 @@ from fedhet.algorithms.common import (
 from fedhet.core.payloads import WeightsPayload
 from fedhet.functional import mutual_learning_losses
 from fedhet.functional.mutual_learning import KLReduction
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, UnitInterval
+from fedhet.hparams import Hyperparameters, PositiveFloat, UnitInterval, knob, uniform
+
+
+@dataclass(frozen=True)
+class FMLHparams(SharedModelHparams):
+    """FML's hyperparameters (FedKTL App. C: alpha = beta = 0.5; HtFLlib: clipping at 10, one optimizer)."""
+
+    max_grad_norm: PositiveFloat | None = knob(10.0, "per-model gradient clipping norm (HtFLlib: 10); None: off")
+    alpha: UnitInterval = knob(
+        0.5, "weight of the private model's cross-entropy (1 - alpha weighs its KL term)", uniform(0.0, 1.0)
+    )
+    beta: UnitInterval = knob(
+        0.5, "weight of the meme model's cross-entropy (1 - beta weighs its KL term)", uniform(0.0, 1.0)
+    )
+    meme_model: str = knob("simple_cnn", "registered model name of the shared meme (FedKTL: the smallest zoo model)")
+    kl_reduction: KLReduction = knob("batchmean", "batchmean (per-sample KL) or mean (HtFLlib's element mean)")
+    meme_weighting: SharedWeighting = knob("samples", "averaging of memes: samples (FedAvg) or uniform (HtFLlib)")
 
 
 class FMLClient(SubmoduleSharingClient, SeparatelyClippedClient):
     """The private model and the meme model, trained by deep mutual learning on each batch.
 
+    One optimizer (``hp.optimizer``, ``hp.lr``) trains both models; evaluation uses the private one.
+
     Args:
-        model: the private (possibly heterogeneous) backbone; evaluation uses it.
+        model: the private (possibly heterogeneous) backbone.
         num_classes: number of classes.
         meme: the shared meme model (one architecture for all clients).
-        alpha: weight of the private model's cross-entropy (1 - alpha weighs its KL term).
-        beta: weight of the meme model's cross-entropy (1 - beta weighs its KL term).
-        kl_reduction: ``"batchmean"`` (per-sample KL) or ``"mean"`` (HtFLlib, also over classes).
-        max_grad_norm: clip each model's gradient norm separately (HtFLlib: 10); ``None``: off.
-        optimizer: local optimizer (one for both models).
-        lr: local learning rate (both models).
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
+    Hparams = FMLHparams
     shared_module = "meme"
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        meme: nn.Module,
-        alpha: float = 0.5,
-        beta: float = 0.5,
-        kl_reduction: KLReduction = "batchmean",
-        max_grad_norm: float | None = 10.0,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+    def __init__(self, model: nn.Module, num_classes: int, meme: nn.Module, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         self.meme = meme
-        self.alpha = alpha
-        self.beta = beta
-        self.kl_reduction: KLReduction = kl_reduction
-        self.max_grad_norm = max_grad_norm
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
         private_loss, meme_loss = mutual_learning_losses(
-            self.model(x), self.meme(x), y, self.alpha, self.beta, self.kl_reduction
+            self.model(x), self.meme(x), y, self.hp.alpha, self.hp.beta, self.hp.kl_reduction
         )
         return private_loss + meme_loss
 
@@ -109,75 +101,37 @@ class FMLClient(SubmoduleSharingClient, SeparatelyClippedClient):
 
 
 class SharedModelServer(SubmoduleAveragingServer):
-    """FedAvg of one shared sub-module of the client modules, one average over every client (FML's meme).
+    """FedAvg of the clients' meme models, one average over every client (``hp.meme_weighting``).
 
     Args:
-        prefix: where the shared model sits in a client module's state dict (``"meme."``).
-        weighting: ``"samples"`` (example-weighted, FedAvg) or ``"uniform"`` (HtFLlib).
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(self, prefix: str, weighting: SharedWeighting = "samples") -> None:
-        super().__init__(prefix, weighting, per_architecture=False, send_initial=True)
+    Hparams: ClassVar[type[Hyperparameters]] = FMLHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
+        self.hp: Any = hparams_for(type(self), hp, overrides)
+        super().__init__("meme.", self.hp.meme_weighting, per_architecture=False, send_initial=True)
 
 
 class FML(Algorithm):
-    """FML (heterogeneous private models, one shared meme architecture).
+    """FML (heterogeneous private models, one shared meme architecture)."""
 
-    Args:
-        alpha: weight of the private model's cross-entropy (FedKTL App. C: 0.5).
-        beta: weight of the meme model's cross-entropy (FedKTL App. C: 0.5).
-        meme_model: registered model name of the shared meme (FedKTL: the smallest zoo model).
-        shared_init_seed: seed of the meme initialisation, common to all clients.
-        kl_reduction: ``"batchmean"`` (per-sample KL) or ``"mean"`` (HtFLlib's element mean).
-        meme_weighting: ``"samples"`` (FedAvg) or ``"uniform"`` (HtFLlib) averaging of memes.
-        max_grad_norm: per-model gradient clipping norm (HtFLlib: 10); ``None`` turns it off.
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate of both models.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
+    Hparams = FMLHparams
+    client_type = FMLClient
     capabilities = Capabilities(heterogeneous_models=True)
     upload_type = WeightsPayload
     download_type = WeightsPayload
 
-    def __init__(
-        self,
-        alpha: UnitInterval = 0.5,
-        beta: UnitInterval = 0.5,
-        meme_model: str = "simple_cnn",
-        shared_init_seed: int = 0,
-        kl_reduction: KLReduction = "batchmean",
-        meme_weighting: SharedWeighting = "samples",
-        max_grad_norm: PositiveFloat | None = 10.0,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.alpha = alpha
-        self.beta = beta
-        self.meme_model = meme_model
-        self.shared_init_seed = shared_init_seed
-        self.kl_reduction: KLReduction = kl_reduction
-        self.meme_weighting: SharedWeighting = meme_weighting
-        self.max_grad_norm = max_grad_norm
-
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         meme = build_shared_model(
-            self.meme_model, num_classes, self.image_channels(), self.shared_init_seed, "fml-meme"
+            self.hp.meme_model, num_classes, self.image_channels(), self.hp.shared_init_seed, "fml-meme"
         )
-        return FMLClient(
-            model,
-            num_classes,
-            meme,
-            alpha=self.alpha,
-            beta=self.beta,
-            kl_reduction=self.kl_reduction,
-            max_grad_norm=self.max_grad_norm,
-            **self.optimizer_kwargs(),
-        )
+        return FMLClient(model, num_classes, meme, self.hp)
 
     def build_server(self) -> ServerPhase:
-        return SharedModelServer("meme.", self.meme_weighting)
+        return SharedModelServer(self.hp)
+
+
+__all__ = ["FML", "FMLClient", "FMLHparams", "SharedModelServer"]

@@ -50,24 +50,17 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import (
-    Batch,
-    ClientModule,
-    ClientUpload,
-    OptimizerName,
-    ServerContext,
-    ServerPhase,
-)
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationPhase
+from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, ServerContext, ServerPhase, hparams_for
+from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
 from fedhet.core.payloads import Payload, check_shape
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional.distillation import client_confidence_weights, symmetric_cross_entropy, weighted_peer_kl
-from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat
+from fedhet.hparams import Hyperparameters, NonNegativeFloat, knob, log_uniform, uniform
 
 
 @dataclass(frozen=True)
@@ -91,41 +84,39 @@ class ClientConfidencePayload(Payload):
     weight: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(()))
 
 
+@dataclass(frozen=True)
+class RHFLHparams(PublicDistillationHparams):
+    """RHFL's hyperparameters (FCCL+'s Tab. VII and the RHFL code; the benchmark frame's optimizers)."""
+
+    sce_alpha: NonNegativeFloat = knob(
+        0.1, "weight of the cross-entropy in the local SCE loss (Tab. VII: 0.1)", log_uniform(0.01, 1.0)
+    )
+    sce_beta: NonNegativeFloat = knob(
+        1.0, "weight of the reverse cross-entropy in the local SCE loss (Tab. VII: 1.0)", log_uniform(0.1, 10.0)
+    )
+    ccr_beta: NonNegativeFloat = knob(
+        0.5, "weight of the learning-efficiency term of CCR (code: 0.5; 0 gives uniform weights)", uniform(0.0, 1.0)
+    )
+
+    def check(self) -> None:
+        if self.sce_alpha + self.sce_beta <= 0:
+            raise ConfigError(f"sce_alpha={self.sce_alpha}, sce_beta={self.sce_beta} must not both be 0")
+
+
 class RHFLClient(ClientModule):
-    """Symmetric cross-entropy locally; uploads its mean private SCE loss; holds its confidence.
+    """Symmetric cross-entropy locally; uploads its mean private SCE loss; holds its confidence."""
 
-    Args:
-        model: the backbone.
-        num_classes: number of classes.
-        sce_alpha: weight of the cross-entropy in SCE.
-        sce_beta: weight of the reverse cross-entropy in SCE.
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
+    Hparams = RHFLHparams
 
-    def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        sce_alpha: float = 0.1,
-        sce_beta: float = 1.0,
-        optimizer: OptimizerName = "adam",
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-5,
-    ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
-        self.sce_alpha = sce_alpha
-        self.sce_beta = sce_beta
+    def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
         # The weight the server gave this client this round (None: not known yet). Set from the
         # download every round, so a module reused for another client never keeps a stale one.
         self.confidence: float | None = None
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
-        return symmetric_cross_entropy(self.model(x), y, self.sce_alpha, self.sce_beta)
+        return symmetric_cross_entropy(self.model(x), y, self.hp.sce_alpha, self.hp.sce_beta)
 
     def on_receive(self, download: Payload | None) -> None:
         self.confidence = float(download.weight) if isinstance(download, ClientConfidencePayload) else None
@@ -134,7 +125,7 @@ class RHFLClient(ClientModule):
         total = torch.zeros((), dtype=torch.float64)
         count = 0
         for x, y in train_batches:
-            loss = symmetric_cross_entropy(self.model(x), y, self.sce_alpha, self.sce_beta)
+            loss = symmetric_cross_entropy(self.model(x), y, self.hp.sce_alpha, self.hp.sce_beta)
             total += loss.detach().double().cpu() * y.numel()
             count += y.numel()
         if count == 0:
@@ -144,6 +135,8 @@ class RHFLClient(ClientModule):
 
 class RHFLPhase(PublicDistillationPhase):
     """Each participant matches every peer's distribution, weighted by that peer's confidence."""
+
+    Hparams = RHFLHparams
 
     def peer_confidences(self) -> Tensor:
         """``[K]`` confidence of each participant (``1 / (K - 1)`` until the server has one)."""
@@ -166,11 +159,15 @@ class ClientConfidenceServer(ServerPhase):
     """Keeps every client's last private loss and computes CCR weights from the losses' decrease.
 
     Args:
-        ccr_beta: weight of the learning-efficiency term (RHFL: 0.5).
+        hp: the method's hyperparameters (``None``: the declared defaults; it reads ``ccr_beta``).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(self, ccr_beta: float = 0.5) -> None:
-        self.ccr_beta = ccr_beta
+    Hparams: ClassVar[type[Hyperparameters]] = RHFLHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
+        super().__init__()
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.previous_loss = torch.zeros(0)
         self.confidence = torch.zeros(0)
 
@@ -190,7 +187,7 @@ class ClientConfidenceServer(ServerPhase):
         losses = torch.stack([u.payload.loss.float() for u in uploads])  # type: ignore[attr-defined]
         known = ~torch.isnan(self.previous_loss[ids])
         if int(known.sum()) >= 2:
-            weights = client_confidence_weights(self.previous_loss[ids[known]], losses[known], self.ccr_beta)
+            weights = client_confidence_weights(self.previous_loss[ids[known]], losses[known], self.hp.ccr_beta)
             self.confidence[ids[known]] = weights.float()
         self.previous_loss[ids] = losses
 
@@ -210,59 +207,24 @@ class ClientConfidenceServer(ServerPhase):
 
 
 class RHFL(PublicDistillationAlgorithm):
-    """RHFL (heterogeneous models, unlabelled public data, noise-robust local loss).
+    """RHFL (heterogeneous models, unlabelled public data, noise-robust local loss)."""
 
-    Args:
-        sce_alpha: weight of the cross-entropy in the local SCE loss (Tab. VII: 0.1).
-        sce_beta: weight of the reverse cross-entropy in the local SCE loss (Tab. VII: 1.0).
-        ccr_beta: weight of the learning-efficiency term of CCR (code: 0.5; 0 gives uniform weights).
-        public_epochs: passes over the public set per round in the collaborative phase.
-        public_optimizer: optimizer of the collaborative steps (code: Adam).
-        public_lr: learning rate of the collaborative steps (code: 1e-3).
-        public_weight_decay: L2 weight decay of the collaborative steps (code: none).
-        reset_public_optimizer: new optimizer state for every public batch, as the code.
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: local L2 weight decay.
-    """
-
+    Hparams = RHFLHparams
+    client_type = RHFLClient
+    phase_type = RHFLPhase
     upload_type = PrivateLossPayload
     download_type = ClientConfidencePayload
 
-    def __init__(
-        self,
-        sce_alpha: NonNegativeFloat = 0.1,
-        sce_beta: NonNegativeFloat = 1.0,
-        ccr_beta: NonNegativeFloat = 0.5,
-        public_epochs: NonNegativeInt = 1,
-        public_optimizer: OptimizerName = "adam",
-        public_lr: PositiveFloat = 1e-3,
-        public_weight_decay: NonNegativeFloat = 0.0,
-        reset_public_optimizer: bool = True,
-        optimizer: OptimizerName = "adam",
-        lr: PositiveFloat = 1e-3,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 1e-5,
-    ) -> None:
-        super().__init__(
-            public_epochs, public_optimizer, public_lr, public_weight_decay, reset_public_optimizer,
-            optimizer, lr, momentum, weight_decay,
-        )
-        if sce_alpha < 0 or sce_beta < 0 or sce_alpha + sce_beta <= 0:
-            raise ConfigError(f"RHFL: sce_alpha={sce_alpha}, sce_beta={sce_beta} must be >= 0 and not both 0")
-        self.sce_alpha = sce_alpha
-        self.sce_beta = sce_beta
-        self.ccr_beta = ccr_beta
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        return RHFLClient(model, num_classes, self.sce_alpha, self.sce_beta, **self.optimizer_kwargs())
-
     def build_server(self) -> ServerPhase:
-        return ClientConfidenceServer(self.ccr_beta)
+        return ClientConfidenceServer(self.hp)
 
-    def build_collaborative_phase(self, clients: Sequence[ClientModule]) -> RHFLPhase:
-        return RHFLPhase(
-            clients,
-            **self.public_phase_kwargs(),
-        )
+
+__all__ = [
+    "RHFL",
+    "ClientConfidencePayload",
+    "ClientConfidenceServer",
+    "PrivateLossPayload",
+    "RHFLClient",
+    "RHFLHparams",
+    "RHFLPhase",
+]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from fedhet.algorithms.fccl_plus import CrossCorrelationCollaboration, FCCLPlus, FCCLPlusClient, PublicOutputsPayload
+from fedhet.algorithms.cross_correlation import CrossCorrelationCollaboration, PublicOutputsPayload
+from fedhet.algorithms.fccl_plus import FCCLPlus, FCCLPlusClient, FCCLPlusCollaboration
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation import FederationLoop
 from fedhet.federation.runtime import ClientTask
@@ -71,7 +73,7 @@ def test_invalid_public_outputs_are_rejected():
         )
 
 
-class RecordingCollaboration(CrossCorrelationCollaboration):
+class RecordingCollaboration(FCCLPlusCollaboration):
     """Records the public batch each client's feature extractor receives."""
 
     seen: list[list[torch.Tensor]] = []
@@ -98,7 +100,7 @@ class RecordingFCCLPlus(FCCLPlus):
     """FCCL+ whose collaborative phase records the batches it sees."""
 
     def build_collaborative_phase(self, clients):
-        return RecordingCollaboration(clients)
+        return RecordingCollaboration(clients, self.hp)
 
 
 def test_all_clients_receive_the_identical_public_batch():
@@ -185,7 +187,7 @@ def test_fntd_teacher_runs_in_train_mode_by_default_as_the_authors_code():
     """
     x = torch.tensor([[1.0, 0.0], [3.0, 0.0]])
     default = FCCLPlus().build_client(_BatchNormNet(), 2)
-    assert default.teacher_train_mode
+    assert default.hp.teacher_train_mode
     assert torch.allclose(default.teacher_logits(x), torch.tensor([[-1.0, 0.0], [1.0, 0.0]]), atol=1e-4)
     switched = FCCLPlus(teacher_train_mode=False).build_client(_BatchNormNet(), 2)
     assert torch.allclose(switched.teacher_logits(x), x / math.sqrt(1 + 1e-5), atol=1e-6)
@@ -209,12 +211,12 @@ def test_fccl_plus_local_loss_is_ce_plus_tau_squared_fntd_by_hand():
     ce = -math.log(softmax(student, 1.0)[0])
     assert client.local_loss((x, y)).item() == pytest.approx(ce + fntd, rel=1e-6)
     # the renormalised form softmaxes the non-target logits only
-    client.fntd_renormalize = True
+    client.hp = dataclasses.replace(client.hp, fntd_renormalize=True)
     q_s, q_t = softmax(student[1:], 2.0), softmax(teacher[1:], 2.0)
     renormalised = 4.0 * sum(q_t[u] * math.log(q_t[u] / q_s[u]) for u in (0, 1))
     assert client.local_loss((x, y)).item() == pytest.approx(ce + renormalised, rel=1e-6)
     # the KD ablation keeps the target class too
-    client.fntd_renormalize, client.local_distillation = False, "kd"
+    client.hp = dataclasses.replace(client.hp, fntd_renormalize=False, local_distillation="kd")
     kd = 4.0 * sum(p_t[u] * math.log(p_t[u] / p_s[u]) for u in (0, 1, 2))
     assert client.local_loss((x, y)).item() == pytest.approx(ce + kd, rel=1e-6)
 

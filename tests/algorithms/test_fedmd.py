@@ -1,7 +1,7 @@
 """FedMD and the shared public-distillation frame: hand-computed digest loss and Adam step, ledger, settings.
 
 FedMD's file also holds the tests of :class:`PublicDistillationPhase` / ``PublicDistillationAlgorithm``
-(defined in ``fedhet/algorithms/fedmd.py``), which FedDF, RHFL and FedMatch share.
+(defined in ``fedhet/algorithms/common.py``), which FedDF, RHFL and FedMatch share.
 """
 
 from __future__ import annotations
@@ -131,17 +131,23 @@ def test_fedmd_invalid_hyperparameters_fail_in_one_line():
 
 @pytest.mark.parametrize("method", [FedMD, FedDF, RHFL, FedMatch])
 def test_public_phase_settings_are_checked_once_for_every_method(method):
-    """The shared base checks public_epochs and public_lr and hands the phase its optimizer settings."""
-    with pytest.raises(ConfigError, match=rf"^{method.__name__}: public_epochs=-1 must be >= 0"):
+    """The shared declaration checks public_epochs and public_lr and hands the phase its optimizer settings."""
+    with pytest.raises(ConfigError, match=rf"^{method.__name__}: public_epochs=-1 is not an integer >= 0"):
         method(public_epochs=-1)
-    with pytest.raises(ConfigError, match=rf"^{method.__name__}: public_lr=0.0 must be > 0"):
+    with pytest.raises(ConfigError, match=rf"^{method.__name__}: public_lr=0.0 is not a number > 0"):
         method(public_lr=0.0)
     algorithm = method(
         public_epochs=3, public_optimizer="sgd", public_lr=0.5, public_weight_decay=0.1, reset_public_optimizer=False
     )
     assert algorithm.collaborative_epochs() == 3
-    expected = {"optimizer": "sgd", "lr": 0.5, "weight_decay": 0.1, "reset_optimizer_each_step": False}
-    assert algorithm.public_phase_kwargs() == expected
+    phase = algorithm.build_collaborative_phase(public_clients(algorithm, ("mlp_tiny",)))
+    expected = {
+        "public_optimizer": "sgd", "public_lr": 0.5, "public_weight_decay": 0.1, "reset_public_optimizer": False
+    }
+    assert {name: getattr(phase.hp, name) for name in expected} == expected
+    optimizer = phase.configure_optimizers()[0]
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert (optimizer.defaults["lr"], optimizer.defaults["weight_decay"]) == (0.5, 0.1)
     assert algorithm.capabilities.needs_public_data and algorithm.capabilities.heterogeneous_models
 
 
