@@ -182,6 +182,7 @@ class Knob:
 
 
 def _range_of(annotation: Any) -> str:
+    annotation = _unwrap_optional(annotation)
     name = getattr(annotation, "__name__", "")
     if name in RANGES:
         return RANGES[name]
@@ -192,6 +193,14 @@ def _range_of(annotation: Any) -> str:
 
 def _is_restricted(annotation: Any) -> bool:
     return getattr(annotation, "__module__", "") == "jsonargparse.typing" or annotation in (Fraction, Momentum)
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    """``X`` for ``X | None`` (a knob that may be switched off), else ``annotation``."""
+    arguments = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if type(None) in typing.get_args(annotation) and len(arguments) == 1:
+        return arguments[0]
+    return annotation
 
 
 @dataclass(frozen=True)
@@ -208,7 +217,7 @@ class Hyperparameters:
         hints = _type_hints(type(self))
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            annotation = hints[field.name]
+            annotation = _unwrap_optional(hints[field.name])
             if _is_restricted(annotation) and value is not None and not isinstance(value, bool):
                 try:
                     annotation(value)

@@ -18,9 +18,9 @@ from fedhet.algorithms.base import (
     TrainableServerPhase,
 )
 from fedhet.algorithms.ccvr import CCVR
+from fedhet.algorithms.ditto import Ditto
 from fedhet.algorithms.fccl import FCCL
 from fedhet.algorithms.fccl_plus import FCCLPlus
-from fedhet.algorithms.ditto import Ditto
 from fedhet.algorithms.fd import FD
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedbn import FedBN

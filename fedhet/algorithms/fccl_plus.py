@@ -22,7 +22,7 @@ Client state kept across rounds: the model and the frozen teacher snapshot ``the
 (initialised to the random initial model; overwritten at the end of each local update). No
 optimizer state: configs set ``federation.persist_optimizer_state: false`` (code: a new local
 Adam every round). With ``average_after_collaboration`` (homogeneous setting) every client starts
-from one initial model (:attr:`Algorithm.identical_client_init`), as the authors synchronise
+from one initial model (:meth:`Algorithm.initialisation_of`), as the authors synchronise
 their homogeneous clients.
 
 Optimizer defaults follow the authors' code, since it produced the published numbers and the
@@ -146,7 +146,10 @@ class HomogeneousSwitch(Algorithm):
         super().__init__(**values)
         if self.hp.average_after_collaboration:
             self.capabilities = dataclasses.replace(type(self).capabilities, heterogeneous_models=False)
-            self.identical_client_init = True  # type: ignore[misc]
+
+    def initialisation_of(self, client_id: int) -> int:
+        """Client 0's initialisation for everyone when the models are averaged after collaborating."""
+        return 0 if self.hp.average_after_collaboration else client_id
 
 
 class FCCLPlus(HomogeneousSwitch):

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase
 from fedhet.algorithms.common import (
     SeparatelyClippedClient,
+    SharedModelHparams,
     SharedWeighting,
     SubmoduleAveragingServer,
     SubmoduleSharingClient,
@@ -44,7 +45,7 @@ from fedhet.algorithms.common import (
 )
 from fedhet.core.payloads import WeightsPayload
 from fedhet.functional.calibration import conformal_scores, conformal_threshold, prediction_set_sizes
-from fedhet.hparams import LocalOptimizer, NonNegativeFloat, PositiveFloat, UnitInterval, knob, log_uniform, uniform
+from fedhet.hparams import NonNegativeFloat, UnitInterval, knob, log_uniform, uniform
 
 
 def reciprocal_weights(private_sizes: Tensor, proxy_sizes: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
@@ -72,17 +73,15 @@ def per_sample_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class FedTypeHparams(LocalOptimizer):
-    """FedType's hyperparameters (the local optimizer trains both models)."""
+class FedTypeHparams(SharedModelHparams):
+    """FedType's hyperparameters (the local optimizer trains both models; the proxy is the shared model)."""
 
     proxy_model: str = knob("simple_cnn", "registered model name of the proxy (the paper: ResNet-18; CPU: simple_cnn)")
-    shared_init_seed: int = knob(0, "seed of the proxy initialisation, common to all clients")
     kd_weight: NonNegativeFloat = knob(1.0, "weight of the reciprocal distillation", log_uniform(1e-2, 10.0))
     conformal_alpha: UnitInterval = knob(
         0.1, "miscoverage level of the conformal prediction sets", uniform(0.01, 0.5)
     )
     proxy_weighting: SharedWeighting = knob("samples", "samples (FedAvg) or uniform averaging of the proxies")
-    max_grad_norm: PositiveFloat | None = knob(None, "per-model gradient clipping norm (None: off)")
 
 
 class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
@@ -102,7 +101,6 @@ class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
     def __init__(self, model: nn.Module, num_classes: int, proxy: nn.Module, hp: Any = None, **overrides: Any) -> None:
         super().__init__(model, num_classes, hp, **overrides)
         self.proxy = proxy
-        self.max_grad_norm = self.hp.max_grad_norm
         self.private_threshold = torch.ones(())
         self.proxy_threshold = torch.ones(())
 
