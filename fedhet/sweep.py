@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -282,12 +283,39 @@ class Sweep:
     # proposals -----------------------------------------------------------------------------------
     def trials(self, active: Sequence[dict[str, Any]]) -> list[Trial]:
         """The runs so far as the engine sees them: values, the sweep metric and the state."""
+        def number(value: Any) -> float | None:
+            return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+        metric = self.metric or {}
+        maximize = str(metric.get("goal", "minimize")) == "maximize"
+        scores = [v for r in self.runs if r["state"] == "finished" and (v := number(r.get("metric"))) is not None]
         out = []
         for run in [*self.runs, *active]:
+            value = number(run.get("metric"))
             state = run["state"] if run["state"] in ("finished", "running") else "failed"
-            value = run.get("metric") if isinstance(run.get("metric"), (int, float)) else None
+            if state == "failed" and metric:
+                # W&B's metric.impute (default worst): a failed run counts as the worst (or best)
+                # finished value, or for "latest" its own last logged value, so that bayes learns
+                # to avoid a region where runs fail; failed runs are ignored while none finished
+                impute = metric.get("impute", "worst")
+                if impute != "latest" or value is None:
+                    value = (max if (impute == "best") == maximize else min)(scores) if scores else None
+                state = "finished" if value is not None else "failed"
             out.append(Trial(run["params"], value, state))
         return out
+
+    def target_reached(self) -> bool:
+        """Whether a finished run reached ``metric.target`` (W&B then ends the sweep)."""
+        metric = self.metric or {}
+        target = metric.get("target")
+        if not isinstance(target, (int, float)):
+            return False
+        maximize = str(metric.get("goal", "minimize")) == "maximize"
+        return any(
+            isinstance(r.get("metric"), (int, float)) and (r["metric"] >= target if maximize else r["metric"] <= target)
+            for r in self.runs
+            if r["state"] == "finished"
+        )
 
     def propose(self, active: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         """The next run's parameters, or ``None`` when a grid is exhausted.
@@ -362,6 +390,7 @@ class Sweep:
         def room() -> bool:
             return (
                 not exhausted
+                and not self.target_reached()
                 and len(self.active) < jobs
                 and (count is None or started < count)
                 and (cap is None or len(self.runs) + len(self.active) < int(cap))
@@ -389,6 +418,8 @@ class Sweep:
                     self.save()
                     futures[pool.submit(run_process, run["command"], Path(run["log"]), env, cwd)] = run
                 if not futures:
+                    if self.target_reached():
+                        echo(f"{self.metric['name']} reached its target {self.metric['target']}: no more runs start")
                     break
                 done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
                 for future in done:

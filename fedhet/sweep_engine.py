@@ -49,6 +49,8 @@ SWEEP_KEYS = (
     "method", "command", "name", "run_cap", "metric", "metrics", "scheduler", "early_terminate", "parameters",
 )
 METHODS = ("grid", "random", "bayes")
+#: The keys of W&B's ``metric:`` (``impute``: what a failed run counts as in bayes search).
+METRIC_KEYS = ("name", "goal", "target", "impute", "impute_while_running")
 Q_DEFAULT = 1.0
 #: Each distribution's keys besides ``distribution`` and their defaults (``...``: required).
 DISTRIBUTIONS: dict[str, dict[str, Any]] = {
@@ -333,6 +335,13 @@ def check_spec(spec: Any, where: str = "sweep config") -> list[Param]:
             raise ConfigError(f"{where}: metric: needs a name, e.g. metric: {{name: acc_inter, goal: maximize}}")
         if metric.get("goal", "minimize") not in ("minimize", "maximize"):
             raise ConfigError(f"{where}: metric.goal must be minimize or maximize, not {metric.get('goal')!r}")
+        unknown = [str(k) for k in metric if k not in METRIC_KEYS]
+        if unknown:
+            raise ConfigError(f"{where}: metric: unknown key {unknown[0]!r}; W&B's are {', '.join(METRIC_KEYS)}")
+        if "target" in metric and not _is_number(metric["target"]):
+            raise ConfigError(f"{where}: metric.target must be a number, not {metric['target']!r}")
+        if metric.get("impute", "worst") not in ("worst", "best", "latest"):
+            raise ConfigError(f"{where}: metric.impute must be worst, best or latest, not {metric.get('impute')!r}")
     if spec["method"] == "bayes" and not isinstance(metric, Mapping):
         raise ConfigError(f"{where}: bayes search needs metric: {{name: ..., goal: maximize}}")
     cap = spec.get("run_cap")

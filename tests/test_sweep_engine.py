@@ -226,6 +226,27 @@ def test_bayes_reads_running_runs_and_the_goal():
     assert again != up
 
 
+def test_failed_runs_are_imputed_and_a_reached_target_ends_the_sweep(tmp_path):
+    """W&B's metric.impute (default worst) for failed runs in bayes; metric.target stops new runs."""
+    metric = {"name": "acc_inter", "goal": "maximize", "target": 60}
+    spec = _spec("bayes", LOG_LR, metric=metric)
+    sweep = Sweep(spec, tmp_path / "sweep")
+    runs = [(0.01, "finished", 40.0), (0.05, "finished", 55.0), (0.1, "failed", 58)]
+    for index, (lr, state, value) in enumerate(runs):
+        sweep.runs.append({"name": f"run-{index:03d}", "params": {"lr": lr}, "state": state, "metric": value})
+    trials = sweep.trials([])
+    assert [(t.value, t.state) for t in trials] == [(40.0, "finished"), (55.0, "finished"), (40.0, "finished")]
+    spec["metric"] = {**metric, "impute": "latest"}
+    assert Sweep(spec, tmp_path / "other").propose([]) is not None
+    sweep.spec = spec
+    assert sweep.trials([])[2].value == 58  # its own last logged value
+    assert not sweep.target_reached()
+    sweep.runs[1]["metric"] = 61.0
+    lines: list[str] = []
+    assert sweep.target_reached() and sweep.run(3, 1, 1, lines.append) == sweep.runs  # nothing started
+    assert lines[-1] == "acc_inter reached its target 60: no more runs start" and len(sweep.runs) == 3
+
+
 def test_bayes_without_optuna_is_one_line(tmp_path, monkeypatch):
     """Grid and random need nothing; bayes names Optuna in one line when it is missing."""
     monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna now raises ImportError
@@ -255,6 +276,8 @@ def test_bayes_without_optuna_is_one_line(tmp_path, monkeypatch):
         ({"method": "bayes", "metric": None}, "bayes search needs metric"),
         ({"early_terminate": {"type": "median"}}, "only type: hyperband"),
         ({"run_cap": 0}, "run_cap must be a whole number > 0"),
+        ({"metric": {"name": "acc", "mode": "max"}}, "metric: unknown key 'mode'"),
+        ({"metric": {"name": "acc", "impute": "mean"}}, "metric.impute must be worst, best or latest"),
         ({"paramters": {}}, "unknown key 'paramters'"),
     ],
 )
