@@ -23,6 +23,14 @@ and with ``wandb agent``; what this module reimplements is small and follows W&B
 
 A parameter's value is always a plain Python value (int, float, str, list, dict, None), written
 into ``--key=value`` exactly as W&B's agent writes it.
+
+It knows nothing of runs or processes, so a tuning stage can drive it directly::
+
+    space = parse_parameters({"method.init_args.lr": {"distribution": "log_uniform_values", "min": 1e-3, "max": 1e-1}})
+    trials = []
+    for index in range(budget):
+        params = propose("bayes", space, trials, seed=derive(seed, index), goal="maximize")
+        trials.append(Trial(params, validation_score(params)))
 """
 
 from __future__ import annotations
