@@ -1,12 +1,12 @@
 """``fedhet sweep``: a W&B-format sweep run offline, each run a ``fedhet fit`` process.
 
-``fedhet sweep SWEEP.yaml [--count N] [--jobs N] [--dir DIR] [--seed S] [-- extra fit flags]``
+``fedhet sweep SWEEP.yaml [--count N] [--jobs N] [--dir DIR] [--seed S] [--dry_run] [-- fit flags]``
 reads a W&B sweep config (``method: grid | random | bayes``, ``parameters:`` with ``values`` /
-``value`` / distributions, ``metric: {name, goal}``, ``command:``), asks W&B's open-source sweep
-engine (the ``sweeps`` package, the one W&B's local controller uses) for each next run, and
-starts it exactly as ``wandb agent`` would: the ``command:`` list with its macros expanded
-(``${args}`` becomes ``--key=value`` flags formatted as the agent formats them), plus
-``--run_dir DIR/run-<k>``. Nothing needs a W&B server or the network.
+``value`` / distributions, ``metric: {name, goal}``, ``command:``), asks fedhet's engine
+(:mod:`fedhet.sweep_engine`: W&B's grid and random rules, bayes by Optuna's TPE sampler) for
+each next run, and starts it exactly as ``wandb agent`` would: the ``command:`` list with its
+macros expanded (``${args}`` becomes ``--key=value`` flags formatted as the agent formats them),
+plus ``--run_dir DIR/run-<k>``. Nothing needs a W&B server or the network.
 
 The same YAML works with ``wandb sweep SWEEP.yaml`` + ``wandb agent <id>``. W&B's default
 command, ``${env} ${interpreter} ${program} ${args}``, cannot start fedhet: ``${program}`` must
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import random
 import re
 import shlex
 import shutil
@@ -43,6 +43,7 @@ import yaml
 from fedhet.bench import child_environment, default_threads, last_log_line, run_process
 from fedhet.errors import CommandParser, ConfigError, FedhetError
 from fedhet.files import atomic_write_text
+from fedhet.sweep_engine import Trial, check_spec, propose
 
 #: The agent's command when a sweep config has none (wandb/wandb_agent.py ``DEFAULT_SWEEP_COMMAND``).
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
@@ -92,22 +93,11 @@ def parse_accepting_none(parser: Any, args: Sequence[str]) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- the sweep config
-def _sweeps() -> Any:
-    import warnings
-
-    try:
-        with warnings.catch_warnings():  # sweeps 0.3 still spells a pydantic v1 config key
-            warnings.simplefilter("ignore", UserWarning)
-            import sweeps
-    except ImportError:
-        raise ConfigError(
-            "fedhet sweep needs W&B's sweep engine: pip install --no-deps sweeps jsonref (see docs/sweeps.md)"
-        ) from None
-    return sweeps
-
-
 def load_sweep(path: str | Path) -> dict[str, Any]:
-    """Read and check a sweep YAML (the W&B schema, plus what fedhet needs of ``command:``)."""
+    """Read and check a sweep YAML: every mistake is one line before anything runs.
+
+    W&B's schema (:func:`~fedhet.sweep_engine.check_spec`), plus what fedhet needs of ``command:``.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep config '{path}' not found")
@@ -115,17 +105,7 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
         spec = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"sweep config '{path}' is not valid YAML ({' '.join(str(exc).split())})") from None
-    if not isinstance(spec, dict):
-        raise ConfigError(f"sweep config '{path}' must be a mapping with method, parameters and command")
-    if spec.get("method") not in ("grid", "random", "bayes"):
-        raise ConfigError(f"sweep config '{path}': method must be grid, random or bayes, not {spec.get('method')!r}")
-    if not isinstance(spec.get("parameters"), dict) or not spec["parameters"]:
-        raise ConfigError(f"sweep config '{path}': parameters: must name at least one parameter")
-    if spec["method"] == "bayes" and not isinstance(spec.get("metric"), dict):
-        raise ConfigError(f"sweep config '{path}': bayes search needs metric: {{name: ..., goal: maximize}}")
-    violations = _sweeps().schema_violations_from_proposed_config(spec)
-    if violations:
-        raise ConfigError(f"sweep config '{path}': {' '.join(violations[0].split())}")
+    check_spec(spec, f"sweep config '{path}'")
     fit_index(command_template(spec), str(path))
     return spec
 
@@ -167,7 +147,10 @@ def metric_text(value: Any) -> str:
 
 
 def plain(value: Any) -> Any:
-    """A numpy scalar (the engine's random and bayes values) as the Python value it holds."""
+    """A numpy scalar as the Python value it holds.
+
+    The engine proposes plain values; state files written by older versions may hold numpy ones.
+    """
     return value.item() if hasattr(value, "item") and not isinstance(value, (list, dict, str)) else value
 
 
@@ -241,7 +224,7 @@ def summary_metrics(run_dir: Path) -> dict[str, float]:
 
 
 def history(run_dir: Path) -> list[dict[str, Any]]:
-    """The per-round records of a run (the engine's bayes search and early stopping read them)."""
+    """The per-round records of a run (kept in ``sweep.json`` with the run, as W&B keeps a run's history)."""
     jsonl = run_dir / "metrics.jsonl"
     if not jsonl.is_file():
         return []
@@ -256,8 +239,8 @@ class Sweep:
         spec: the sweep config (:func:`load_sweep`).
         directory: where run directories, logs and the state file go.
         extra: ``fedhet fit`` flags appended to every run (after the swept ones, so they win).
-        seed: seed of the random and bayes proposals (the engine draws from numpy's and Python's
-            global generators; seeding them per proposal makes an offline sweep repeatable).
+        seed: seed of the random and bayes proposals (each proposal is seeded with it and the
+            run's index, so an offline sweep repeats exactly).
     """
 
     def __init__(self, spec: dict[str, Any], directory: Path, extra: Sequence[str] = (), seed: int = 0) -> None:
@@ -267,7 +250,9 @@ class Sweep:
         self.seed = seed
         self.runs: list[dict[str, Any]] = []
         self.active: list[dict[str, Any]] = []  # started, not finished (saved so that a rerun cleans them up)
+        self.stale: list[Path] = []  # directories of interrupted or failed runs of an earlier invocation
         self._parser: Any = None
+        self.space = check_spec(spec)
         self.state_path = self.directory / "sweep.json"
         self._load()
 
@@ -283,8 +268,8 @@ class Sweep:
         for run in state["runs"]:
             if run["state"] == "finished":
                 self.runs.append(run)
-            elif Path(run["run_dir"]).exists():  # interrupted or failed: propose it again from scratch
-                shutil.rmtree(run["run_dir"])
+            elif Path(run["run_dir"]).exists():  # interrupted or failed: proposed again, from scratch
+                self.stale.append(Path(run["run_dir"]))  # removed when runs start (a dry run keeps them)
 
     def save(self) -> None:
         state = {"sweep": self.spec, "extra": self.extra, "runs": [*self.runs, *self.active]}
@@ -296,37 +281,57 @@ class Sweep:
         return metric if isinstance(metric, dict) and metric.get("name") else None
 
     # proposals -----------------------------------------------------------------------------------
-    def _as_sweep_runs(self, active: Sequence[dict[str, Any]]) -> list[Any]:
-        sweeps = _sweeps()
+    def trials(self, active: Sequence[dict[str, Any]]) -> list[Trial]:
+        """The runs so far as the engine sees them: values, the sweep metric and the state."""
+        def number(value: Any) -> float | None:
+            return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+        metric = self.metric or {}
+        maximize = str(metric.get("goal", "minimize")) == "maximize"
+        scores = [v for r in self.runs if r["state"] == "finished" and (v := number(r.get("metric"))) is not None]
         out = []
         for run in [*self.runs, *active]:
-            finished = run["state"] in ("finished", "failed")
-            out.append(
-                sweeps.SweepRun(
-                    name=run["name"],
-                    config={k: {"value": v} for k, v in run["params"].items()},
-                    state=sweeps.RunState.finished if run["state"] == "finished" else
-                    (sweeps.RunState.failed if finished else sweeps.RunState.running),
-                    summary_metrics=run.get("summary_metrics", {}),
-                    history=run.get("history", []),
-                )
-            )
+            value = number(run.get("metric"))
+            state = run["state"] if run["state"] in ("finished", "running") else "failed"
+            if state == "failed" and metric:
+                # W&B's metric.impute (default worst): a failed run counts as the worst (or best)
+                # finished value, or for "latest" its own last logged value, so that bayes learns
+                # to avoid a region where runs fail; failed runs are ignored while none finished
+                impute = metric.get("impute", "worst")
+                if impute != "latest" or value is None:
+                    value = (max if (impute == "best") == maximize else min)(scores) if scores else None
+                state = "finished" if value is not None else "failed"
+            out.append(Trial(run["params"], value, state))
         return out
 
-    def propose(self, active: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-        """The next run's parameters from the engine, or ``None`` when a grid is exhausted."""
-        import numpy as np
+    def target_reached(self) -> bool:
+        """Whether a finished run reached ``metric.target`` (W&B then ends the sweep)."""
+        metric = self.metric or {}
+        target = metric.get("target")
+        if not isinstance(target, (int, float)):
+            return False
+        maximize = str(metric.get("goal", "minimize")) == "maximize"
+        return any(
+            isinstance(r.get("metric"), (int, float)) and (r["metric"] >= target if maximize else r["metric"] <= target)
+            for r in self.runs
+            if r["state"] == "finished"
+        )
 
+    def propose(self, active: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+        """The next run's parameters, or ``None`` when a grid is exhausted.
+
+        Seeded by the sweep seed and the run's index: the same seed proposes the same configs
+        (random: the same draws; bayes: the same points given the same results).
+        """
         index = len(self.runs) + len(active)
-        random.seed(self.seed * 1_000_003 + index)
-        np.random.seed((self.seed * 1_000_003 + index) % 2**32)
-        try:
-            proposal = _sweeps().next_run(self.spec, self._as_sweep_runs(active), validate=False)
-        except ValueError as exc:
-            raise ConfigError(f"sweep engine: {' '.join(str(exc).split())}") from None
-        if proposal is None:
-            return None
-        return {k: v["value"] for k, v in proposal.config.items()}
+        metric = self.metric or {}
+        return propose(
+            self.spec["method"],
+            self.space,
+            self.trials(active),
+            (self.seed * 1_000_003 + index) % 2**32,
+            str(metric.get("goal", "minimize")),
+        )
 
     def _name(self, active: Sequence[dict[str, Any]]) -> str:
         taken = {r["name"] for r in [*self.runs, *active]}
@@ -335,13 +340,13 @@ class Sweep:
             index += 1
         return f"run-{index:03d}"
 
-    def new_run(self, params: dict[str, Any], active: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def new_run(self, params: dict[str, Any], active: Sequence[dict[str, Any]], write: bool = True) -> dict[str, Any]:
         name = self._name(active)
         run_dir = self.directory / name
         args_file = self.directory / f"{name}.args.json"
         command = build_command(command_template(self.spec), params, self.spec.get("program"), args_file)
         command += ["--run_dir", str(run_dir), *self.extra]
-        if "${args_json_file}" in command_template(self.spec):
+        if write and "${args_json_file}" in command_template(self.spec):
             atomic_write_text(self.directory / f"{name}.args.json", json.dumps(params, default=str))
         return {
             "name": name,
@@ -367,11 +372,11 @@ class Sweep:
         self, count: int | None, jobs: int, threads: int, echo: Callable[[str], None] = print
     ) -> list[dict[str, Any]]:
         """Start up to ``count`` new runs (``None``: until a grid is exhausted or ``run_cap``), ``jobs`` at a time."""
-        cap = self.spec.get("run_cap")
-        if count is None and self.spec["method"] != "grid" and cap is None:
-            raise ConfigError(
-                f"{self.spec['method']} search does not end by itself: pass --count N (or run_cap: in the sweep config)"
-            )
+        cap = self._check_count(count)
+        for stale in self.stale:
+            if stale.exists():
+                shutil.rmtree(stale)
+        self.stale = []
         env = child_environment(threads, {"WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP", self.name)})
         # Explicit: parsing a config (validate) briefly changes this process's working directory
         # (jsonargparse resolves relative paths from the config's folder) while another run starts.
@@ -385,6 +390,7 @@ class Sweep:
         def room() -> bool:
             return (
                 not exhausted
+                and not self.target_reached()
                 and len(self.active) < jobs
                 and (count is None or started < count)
                 and (cap is None or len(self.runs) + len(self.active) < int(cap))
@@ -412,6 +418,8 @@ class Sweep:
                     self.save()
                     futures[pool.submit(run_process, run["command"], Path(run["log"]), env, cwd)] = run
                 if not futures:
+                    if self.target_reached():
+                        echo(f"{self.metric['name']} reached its target {self.metric['target']}: no more runs start")
                     break
                 done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
                 for future in done:
@@ -419,6 +427,38 @@ class Sweep:
                     self.active.remove(run)
                     self._finish(run, future.result(), time.time() - run.pop("started"), None, echo)
         return self.runs
+
+    def _check_count(self, count: int | None) -> int | None:
+        """The sweep's ``run_cap``; a one-line error when nothing would end a random or bayes search."""
+        cap = self.spec.get("run_cap")
+        if count is None and self.spec["method"] != "grid" and cap is None:
+            raise ConfigError(
+                f"{self.spec['method']} search does not end by itself: pass --count N (or run_cap: in the sweep config)"
+            )
+        return None if cap is None else int(cap)
+
+    def dry_run(self, count: int | None, echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
+        """The runs ``run`` would start now, each parsed as ``fedhet fit`` would parse it; starts and writes nothing.
+
+        Bayes proposals after the first treat the planned runs as running (as ``--jobs`` would),
+        so they show where the search starts, not where results would take it.
+        """
+        cap = self._check_count(count)
+        planned: list[dict[str, Any]] = []
+        while (count is None or len(planned) < count) and (cap is None or len(self.runs) + len(planned) < cap):
+            params = self.propose(planned)
+            if params is None:
+                break
+            run = self.new_run(params, planned, write=False)
+            try:
+                self.validate(run)
+            except FedhetError as exc:
+                raise ConfigError(f"{run['name']} ({' '.join(run['flags'])}): {exc}") from None
+            planned.append(run)
+            echo(f"{run['name']}: {shlex.join(run['command'])}")
+        kept = f" ({len(self.runs)} finished runs kept from {self.state_path})" if self.runs else ""
+        echo(f"dry run: {len(planned)} runs would start{kept}; nothing was started or written")
+        return planned
 
     @property
     def name(self) -> str:
@@ -509,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--dir", type=Path, default=None, help="sweep directory (default runs/sweeps/<name>)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random and bayes proposals (default 0)")
+    parser.add_argument(
+        "--dry_run", action="store_true", help="print the runs that would start, each parsed; start and write nothing"
+    )
     return parser
 
 
@@ -525,6 +568,11 @@ def sweep_command(argv: Sequence[str], echo: Callable[[str], None] = print) -> i
     spec = load_sweep(args.config)
     directory = args.dir or Path("runs") / "sweeps" / str(spec.get("name") or Path(args.config).stem)
     sweep = Sweep(spec, directory, extra, args.seed)
+    if spec.get("early_terminate"):
+        echo("note: early_terminate is applied by wandb agent's server only; fedhet sweep runs every run to its end")
+    if args.dry_run:
+        sweep.dry_run(args.count, echo)
+        return 0
     threads = args.threads or default_threads(args.jobs)
     echo(f"sweep {sweep.name} ({spec['method']}) in {directory}: {args.jobs} at a time, {threads} threads each")
     sweep.run(args.count, args.jobs, threads, echo)

@@ -11,16 +11,6 @@ import yaml
 from fedhet.cli import main
 from fedhet.sweep import DEFAULT_COMMAND, Sweep, build_command, load_sweep
 
-try:  # W&B's sweep engine pins numpy < 2, so it is not among the dev dependencies (docs/sweeps.md)
-    import sweeps  # noqa: F401
-
-    HAS_ENGINE = True
-except ImportError:
-    HAS_ENGINE = False
-needs_engine = pytest.mark.skipif(
-    not HAS_ENGINE, reason="W&B's sweep engine is not installed (pip install --no-deps sweeps)"
-)
-
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs/sweeps/tiny_digits.yaml"
 FCCL_PLUS = str(ROOT / "configs/experiments/digits/fccl_plus.yaml")
@@ -80,7 +70,6 @@ def test_flags_are_formatted_as_the_wandb_agent_formats_them():
         (["fedhet", "fit", "--config", "x.yaml"], "${args}"),
     ],
 )
-@needs_engine
 def test_unusable_commands_are_one_clear_line(tmp_path, capsys, command, pattern):
     """A sweep whose command cannot run fedhet fit with the swept flags is refused before any run."""
     spec = {"method": "grid", "parameters": {"seed": {"values": [0]}}, "command": command, "program": "train.py"}
@@ -92,7 +81,6 @@ def test_unusable_commands_are_one_clear_line(tmp_path, capsys, command, pattern
     assert not (tmp_path / "out").exists()
 
 
-@needs_engine
 def test_random_search_needs_a_count(tmp_path, capsys):
     """Random search never runs out of points: without --count it is refused in one line."""
     spec = {
@@ -106,7 +94,6 @@ def test_random_search_needs_a_count(tmp_path, capsys):
     assert code == 2 and "--count" in _error_line(capsys.readouterr().err)
 
 
-@needs_engine
 def test_random_and_bayes_proposals_are_seeded_and_use_results(tmp_path):
     """Offline proposals repeat for a seed; bayes reads the finished runs' metric."""
     space = {"method.init_args.lr": {"distribution": "log_uniform_values", "min": 1e-3, "max": 1e-1}}
@@ -132,7 +119,6 @@ def test_random_and_bayes_proposals_are_seeded_and_use_results(tmp_path):
     assert 1e-3 <= proposal["method.init_args.lr"] <= 1e-1
 
 
-@needs_engine
 def test_shipped_sweeps_parse_and_stay_offline(parser):
     """Every configs/sweeps/*.yaml is a valid sweep whose runs parse, and none forces online mode."""
     from fedhet.cli import _parse
@@ -164,7 +150,6 @@ def test_agent_runs_log_online_unless_told_otherwise(monkeypatch):
     assert WandbConfig().effective_mode() == "offline"
 
 
-@needs_engine
 @pytest.mark.slow
 def test_docs_worked_example_runs_offline_and_resumes(tmp_path, capsys, monkeypatch):
     """docs/sweeps.md's example: 4 grid runs, 2 at a time, a sorted table; rerunning starts nothing."""
@@ -193,7 +178,6 @@ def test_docs_worked_example_runs_offline_and_resumes(tmp_path, capsys, monkeypa
     assert code == 0 and "4 finished runs kept" in stdout and "started" not in stdout
 
 
-@needs_engine
 def test_a_mistyped_parameter_stops_the_sweep_before_any_run(tmp_path, capsys, monkeypatch):
     """A parameter key fedhet fit does not know fails the first run's parse: one line, nothing started."""
     monkeypatch.chdir(ROOT)
@@ -207,14 +191,19 @@ def test_a_mistyped_parameter_stops_the_sweep_before_any_run(tmp_path, capsys, m
     assert not list((tmp_path / "out").glob("run-*"))
 
 
-def test_missing_engine_is_one_line(tmp_path, capsys, monkeypatch):
-    """Without the sweeps package, fedhet sweep says how to install it, in one line."""
+def test_grid_and_random_sweeps_need_no_optional_package(tmp_path, monkeypatch):
+    """W&B's ``sweeps`` package is not used (it pins numpy<2); only bayes needs Optuna, an install requirement."""
+    import configparser
     import sys
 
-    monkeypatch.setitem(sys.modules, "sweeps", None)  # import sweeps now raises ImportError
-    code = main(["sweep", str(TINY), "--dir", str(tmp_path / "out")])
-    line = _error_line(capsys.readouterr().err)
-    assert code == 2 and "pip install --no-deps sweeps" in line
+    monkeypatch.setitem(sys.modules, "sweeps", None)  # import sweeps would raise ImportError
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    spec = load_sweep(TINY)
+    assert Sweep(spec, tmp_path / "out").propose([]) == {"feature_dim": None, "method.init_args.lr": 0.01}
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    requires = setup["options"]["install_requires"].split()
+    assert "optuna>=3.0" in requires and not any(r.startswith("sweeps") for r in requires)
 
 
 def test_print_config_accepts_none(capsys):
