@@ -16,8 +16,9 @@ interrupted after at least one round (``checkpoint.pt``) continues with ``fedhet
 The flags each cell was started with are recorded next to it, and a rerun with different flags
 for an existing cell is refused rather than silently mixed into the table.
 
-The benchmark scripts under ``benchmarks/`` (``comparison.py``) build on the same
-:class:`Cell`, :func:`run_cells` and aggregation helpers and keep only their own tables.
+``fedhet bench --grid FILE`` writes a results page from a grid file (:mod:`fedhet.pages`); the
+scripts under ``reproductions/`` (``comparison.py``) build on the same :class:`Cell`,
+:func:`run_cells` and aggregation helpers and keep only their own tables.
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ from fedhet.errors import ConfigError
 from fedhet.files import atomic_write_text
 
 GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template"}
-ROW_KEYS = {"label", "name", "config", "flags", "set"}
-TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column"}
+ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds"}
+TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds"}
 FIGURE_KEYS = {"name", "kind", "rows", "block", "metrics"}
 #: numbers of a run that belong to no block of ``summary.json``
 RUN_NUMBERS = ("mb_per_round", "wall_s")
@@ -63,6 +63,7 @@ class Row:
     name: str
     config: str
     flags: tuple[str, ...]
+    seeds: tuple[int, ...] | None = None  # None: the grid's seeds
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class Column:
 
     key: str
     header: str
+    digits: int | None = None  # None: the table's
+    minus: str | None = None  # a row label: the column is the paired (same seed) difference to that row
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Table:
     digits: int
     label: str
     seeds_column: bool
+    seeds: tuple[int, ...] | None = None  # None: every seed of a row
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,12 @@ class Grid:
 
     def cells(self) -> list[Cell]:
         """Every (row, seed) cell, seed-major as :func:`fedhet.bench.plan`."""
-        return [Cell(row.label, row.config, seed, row.flags) for seed in self.seeds for row in self.rows]
+        return [
+            Cell(row.label, row.config, seed, row.flags)
+            for seed in self.seeds
+            for row in self.rows
+            if row.seeds is None or seed in row.seeds
+        ]
 
     def command(self) -> str:
         """The one command that reruns the missing cells and rewrites the page."""
@@ -172,7 +181,14 @@ def override_flag(key: str, value: Any) -> str:
     return f"--{key}={text}"
 
 
-def _row(where: str, entry: Any, flags: tuple[str, ...]) -> Row:
+def _seeds(where: str, seeds: Any) -> tuple[int, ...]:
+    integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    if not seeds or not integers:
+        raise _fail(where, "seeds: write a non-empty list of integers, e.g. [0, 1, 2]")
+    return tuple(seeds)
+
+
+def _row(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, ...]) -> Row:
     entry = _keys(where, entry, ROW_KEYS, ("label", "config"))
     label = str(entry["label"])
     if not re.fullmatch(r"[\w.+-]+(/[\w.+-]+)*", label):
@@ -181,7 +197,10 @@ def _row(where: str, entry: Any, flags: tuple[str, ...]) -> Row:
     if not isinstance(overrides, dict):
         raise _fail(where, "set: write a mapping of dotted keys to values, e.g. {method.init_args.lr: 0.1}")
     row_flags = (*flags, *(override_flag(k, v) for k, v in overrides.items()), *_flags(where, entry.get("flags")))
-    return Row(label, str(entry.get("name", label)), str(entry["config"]), row_flags)
+    seeds = None if "seeds" not in entry else _seeds(where, entry["seeds"])
+    if seeds is not None and not set(seeds) <= set(grid_seeds):
+        raise _fail(where, f"seeds {list(seeds)}: a row runs some of the grid's seeds {list(grid_seeds)}, not others")
+    return Row(label, str(entry.get("name", label)), str(entry["config"]), row_flags, seeds)
 
 
 def _rows_of(where: str, entry: dict[str, Any], labels: Sequence[str]) -> tuple[str, ...]:
@@ -202,8 +221,14 @@ def _block(where: str, block: Any) -> str:
     return str(block)
 
 
-def _columns(where: str, metrics: Any, block: str) -> tuple[Column, ...]:
-    """``metrics``: names (``acc_local``, ``final/acc_local``, ``mb_per_round``) or mappings ``{name: header}``."""
+def _columns(where: str, metrics: Any, block: str, labels: Sequence[str] = ()) -> tuple[Column, ...]:
+    """``metrics``: names (``acc_local``, ``final/acc_local``, ``mb_per_round``) or mappings ``{name: header}``.
+
+    A name whose first part is not a block (``domain/mnist/acc_intra``) is a metric of the table's block.
+
+    A header may be a mapping ``{header: ..., digits: N, minus: ROW}``: other digits (wall time), or the
+    paired difference to another row of the same seed (a gain over a baseline; ``-`` in the baseline's row).
+    """
     if not isinstance(metrics, list) or not metrics:
         raise _fail(where, "metrics: write a non-empty list, e.g. [acc_local, {acc_server: G.acc}]")
     columns = []
@@ -214,14 +239,21 @@ def _columns(where: str, metrics: Any, block: str) -> tuple[Column, ...]:
             name, header = metric, metric
         else:
             raise _fail(where, f"metrics: {metric!r} is neither a name nor a one-key mapping {{name: header}}")
+        digits, minus = None, None
+        if isinstance(header, dict):
+            if set(header) - {"header", "digits", "minus"} or not isinstance(header.get("digits", 0), int):
+                raise _fail(where, f"metrics: {name}: write {{header: TEXT, digits: N, minus: ROW}}")
+            minus = header.get("minus")
+            if minus is not None and minus not in labels:
+                raise _fail(where, f"metrics: {name}: minus: no row labelled {minus!r}")
+            header, digits = header.get("header", name), header.get("digits")
         if name in RUN_NUMBERS:
             key = name
-        elif "/" in name:
-            _block(where, name.split("/", 1)[0])
+        elif name.split("/", 1)[0] in BLOCKS:  # final/acc_local; domain/mnist/acc_intra is a metric name
             key = name
         else:
             key = f"{block}/{name}"
-        columns.append(Column(key, str(header)))
+        columns.append(Column(key, str(header), digits, minus))
     return tuple(columns)
 
 
@@ -241,14 +273,11 @@ def parse_grid(path: str | Path) -> Grid:
         line = f" (line {mark.line + 1})" if mark is not None else ""
         raise _fail(where, f"not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
     data = _keys(where, data, GRID_KEYS, ("title", "page", "rows", "tables", "template"))
-    seeds = data.get("seeds", [0])
-    integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    if not seeds or not integers:
-        raise _fail(where, "seeds: write a non-empty list of integers, e.g. [0, 1, 2]")
+    seeds = _seeds(where, data.get("seeds", [0]))
     flags = _flags(where, data.get("flags"))
     if not isinstance(data["rows"], list) or not data["rows"]:
         raise _fail(where, "rows: write a non-empty list of {label, config, flags, set}")
-    rows = tuple(_row(f"{where}: rows[{i}]", entry, flags) for i, entry in enumerate(data["rows"]))
+    rows = tuple(_row(f"{where}: rows[{i}]", entry, flags, seeds) for i, entry in enumerate(data["rows"]))
     labels = [r.label for r in rows]
     duplicate = next((label for label in labels if labels.count(label) > 1), None)
     if duplicate:
@@ -261,8 +290,9 @@ def parse_grid(path: str | Path) -> Grid:
         entry = _keys(at, entry, TABLE_KEYS, ("name", "metrics"))
         block = _block(at, entry.get("block", "final"))
         tables.append(Table(
-            str(entry["name"]), _rows_of(at, entry, labels), _columns(at, entry["metrics"], block),
+            str(entry["name"]), _rows_of(at, entry, labels), _columns(at, entry["metrics"], block, labels),
             int(entry.get("digits", 2)), str(entry.get("label", "method")), bool(entry.get("seeds_column", False)),
+            None if "seeds" not in entry else _seeds(at, entry["seeds"]),
         ))  # fmt: skip
     figures = []
     for i, entry in enumerate(data.get("figures") or []):
@@ -364,11 +394,34 @@ def records_from_json(path: Path, cells: Sequence[Cell]) -> dict[tuple[str, int]
 # ---------------------------------------------------------------------------------------------- the page
 def table_stats(records: Sequence[dict[str, Any]], key: str) -> dict[str, Any] | None:
     """Mean, sample std, n and per-seed values of one number over a row's records (None: no record has it)."""
-    values = [r["values"][key] for r in records if key in r["values"]]
+    return stats([r["values"][key] for r in records if key in r["values"]])
+
+
+def stats(values: Sequence[float]) -> dict[str, Any] | None:
+    """Mean, sample std, n and the values (None: no value)."""
+    values = list(values)
     if not values:
         return None
     mean, std = mean_std(values)
     return {"mean": round(mean, 4), "std": round(std, 4), "n": len(values), "values": values}
+
+
+def of_seeds(table: Table, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records a table shows: all, or those of its ``seeds``."""
+    return [r for r in records if table.seeds is None or r["seed"] in table.seeds]
+
+
+def column_values(
+    column: Column, records: Sequence[dict[str, Any]], by_row: dict[str, list[dict[str, Any]]], label: str
+) -> list[float]:
+    """A column's numbers over a row's records; with ``minus``, each minus the other row's at the same seed."""
+    values = {r["seed"]: r["values"][column.key] for r in records if column.key in r["values"]}
+    if column.minus is None:
+        return list(values.values())
+    if label == column.minus:
+        return []
+    base = {r["seed"]: r["values"][column.key] for r in by_row.get(column.minus, []) if column.key in r["values"]}
+    return [value - base[seed] for seed, value in values.items() if seed in base]
 
 
 def markdown_table(table: Table, grid: Grid, by_row: dict[str, list[dict[str, Any]]]) -> str:
@@ -377,10 +430,10 @@ def markdown_table(table: Table, grid: Grid, by_row: dict[str, list[dict[str, An
     header = [table.label, *(["seeds"] if table.seeds_column else []), *(c.header for c in table.columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label in table.rows:
-        records = by_row.get(label, [])
+        records = of_seeds(table, by_row.get(label, []))
         if not records:
             continue
-        cells = [cell_text([r["values"][c.key] for r in records if c.key in r["values"]], table.digits)
+        cells = [cell_text(column_values(c, records, by_row, label), table.digits if c.digits is None else c.digits)
                  for c in table.columns]  # fmt: skip
         seeds = [", ".join(str(r["seed"]) for r in records)] if table.seeds_column else []
         lines.append("| " + " | ".join([names[label], *seeds, *cells]) + " |")
@@ -433,8 +486,9 @@ def render_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> t
         if kind == "table":
             return tables[name]
         if kind == "figure":
-            return f"![{name}]({figure_path(grid, grid.figures[[f.name for f in grid.figures].index(name)]).name})" \
-                if figures[name] else f"(figure {name}: no per-round numbers recorded)"
+            if not figures[name]:
+                return f"(figure {name}: no run has its numbers recorded)"
+            return f"![{name}]({figure_path(grid, next(f for f in grid.figures if f.name == name)).name})"
         return {
             "title": grid.title,
             "command": grid.command(),
@@ -452,7 +506,8 @@ def render_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> t
         "seeds": list(grid.seeds),
         "missing": missing,
         "tables": {
-            t.name: {label: {c.header: table_stats(by_row[label], c.key) for c in t.columns}
+            t.name: {label: {c.header: stats(column_values(c, of_seeds(t, by_row[label]), by_row, label))
+                             for c in t.columns}
                      for label in t.rows if by_row.get(label)}
             for t in grid.tables
         },
