@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-from comparison import REPO, Run, execute, load, write_atomic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reproductions"))  # comparison.py lives there
+from comparison import REPO, Run, execute, load, write_atomic  # noqa: E402
 
 ACCURACY_KEYS = ("acc_intra", "acc_inter", "acc_global", "acc_local")
 

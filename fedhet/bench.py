@@ -16,8 +16,9 @@ interrupted after at least one round (``checkpoint.pt``) continues with ``fedhet
 The flags each cell was started with are recorded next to it, and a rerun with different flags
 for an existing cell is refused rather than silently mixed into the table.
 
-The benchmark scripts under ``benchmarks/`` (``comparison.py``) build on the same
-:class:`Cell`, :func:`run_cells` and aggregation helpers and keep only their own tables.
+``fedhet bench --grid FILE`` writes a results page from a grid file (:mod:`fedhet.pages`); the
+scripts under ``reproductions/`` (``comparison.py``) build on the same :class:`Cell`,
+:func:`run_cells` and aggregation helpers and keep only their own tables.
 """
 
 from __future__ import annotations
@@ -393,7 +394,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a grid of configs x settings x seeds (each a fedhet fit) and tabulate mean ± std over seeds.",
         epilog="Flags after '--' go to every fedhet fit, e.g. -- --rounds 5 --trainer.max_epochs=1",
     )
-    parser.add_argument("--configs", nargs="+", required=True, help="experiment configs: one row (method) each")
+    parser.add_argument("--configs", nargs="+", help="experiment configs: one row (method) each (or --grid)")
+    parser.add_argument(
+        "--grid", default=None, metavar="FILE",
+        help="a grid file (configs/grids/*.yaml): run its cells and write its results page (docs/results_pages.md)",
+    )
+    parser.add_argument(
+        "--from_json", type=Path, default=None, metavar="PAGE.json",
+        help="with --grid: take the runs recorded in a page's json instead of rerunning them",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of every cell (default: 0)")
     parser.add_argument(
         "--set", dest="settings", action="append", default=[], metavar="NAME=FLAGS",
@@ -403,7 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--threads", type=int, default=None, help="threads per run (default: cores / jobs, or OMP_NUM_THREADS)"
     )
-    parser.add_argument("--out", type=Path, required=True, help="grid directory: run directories, logs, tables, plots")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="grid directory: run directories, logs, tables, plots (--grid: its out)"
+    )
     parser.add_argument("--report_only", action="store_true", help="tabulate the complete cells; run nothing")
     return parser
 
@@ -472,6 +483,16 @@ def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print) -> i
     args = build_parser().parse_args(argv)
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: run at least one job")
+    if args.grid is not None:
+        if "--seeds" in argv:
+            raise ConfigError("--grid: the grid file holds the seeds; drop --seeds")
+        return grid_bench(args, extra, echo)
+    if args.from_json is not None:
+        raise ConfigError("--from_json: give it with --grid FILE (the page's grid)")
+    if not args.configs:
+        raise ConfigError("the following arguments are required: --configs (or --grid FILE); see 'fedhet bench --help'")
+    if args.out is None:
+        raise ConfigError("the following arguments are required: --out; see 'fedhet bench --help'")
     for config in args.configs:
         if not Path(config).is_file():
             raise ConfigError(f"--configs {config}: no such file")
@@ -497,6 +518,15 @@ def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print) -> i
         echo(f"{len(failed)} of {len(cells)} cells failed (logs above); rerun the same command to retry them")
         return 1
     return 0
+
+
+def grid_bench(args: argparse.Namespace, extra: Sequence[str], echo: Callable[[str], None] = print) -> int:
+    """``fedhet bench --grid FILE``: everything the page needs is in the file (:mod:`fedhet.pages`)."""
+    from fedhet.pages import grid_command
+
+    if args.configs or args.settings or extra:
+        raise ConfigError("--grid: the grid file holds the configs, settings and flags; drop --configs, --set and '--'")
+    return grid_command(args.grid, args.out, args.jobs, args.threads, args.report_only, args.from_json, echo)
 
 
 def write_report(cells: Sequence[Cell], root: Path, settings: dict[str, str] | None = None) -> str:

@@ -109,10 +109,10 @@ def test_grid_tables_resume_and_refuse_other_flags(tmp_path, capsys, monkeypatch
 
 
 def test_comparison_benchmarks_share_the_grid_machinery(monkeypatch):
-    """benchmarks/comparison.py runs and tabulates through fedhet.bench, not a copy of it."""
+    """reproductions/comparison.py runs and tabulates through fedhet.bench, not a copy of it."""
     import fedhet.bench as bench
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "reproductions"))
     import comparison
 
     assert comparison.Run is bench.Cell and comparison.mean_std is bench.mean_std and comparison.cell is bench.cell_text
@@ -123,7 +123,7 @@ def test_comparison_benchmarks_share_the_grid_machinery(monkeypatch):
 
 def test_a_page_rewrite_keeps_archived_records_only_where_no_run_was_made_anew(monkeypatch):
     """``--reuse``: a fresh run replaces its archived record; archived seeds and rows outside the plan drop out."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "reproductions"))
     import comparison
 
     fresh = {"t10e5/fedvtc": [{"seed": 1, "final": 40.0}]}
@@ -141,7 +141,7 @@ def test_a_page_rewrite_keeps_archived_records_only_where_no_run_was_made_anew(m
 
 def test_stability_verdict_counts_current_configs_that_complete_every_seed(monkeypatch):
     """The stability page's verdict: stale rows and extra-flag variants do not count, any failure is named."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "reproductions"))
     import stability
 
     budget = stability.budget_name(None, None, eval_every=20)

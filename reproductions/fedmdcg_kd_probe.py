@@ -9,7 +9,7 @@ example-weighted average ``D`` of the uploads (what ``AVE_agg`` downloads) and (
 ``tau``-weighted accuracy of ``D_i(G_i(z, y))`` on 512 labels drawn from ``p(y)`` (the "G+D"
 diagnostic of the paper's Fig. 5, as an accuracy).
 
-    python benchmarks/fedmdcg_kd_probe.py [--aggregation kdc] [--seed 0] [--omega 0.1]
+    python reproductions/fedmdcg_kd_probe.py [--aggregation kdc] [--seed 0] [--omega 0.1]
         [--rounds 10] [--local_steps 10] [--server_steps 20] [--persistent_server_adam]
 
 Writes ``docs/results/fedmdcg_kd_probe.json`` (one entry per configuration, merged).
@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
+from fedmdcg_privacy import CODE_FLAGS, OUT, scenario  # noqa: E402  (this folder)
 
-from benchmarks.fedmdcg_mnist import CODE_FLAGS, OUT, scenario  # noqa: E402
 from fedhet.algorithms.fedmdcg import FedMDCG, FedMDCGServer  # noqa: E402
 from fedhet.core.state import clone_state, copy_state_into  # noqa: E402
 from fedhet.federation import FederationLoop  # noqa: E402

@@ -20,9 +20,9 @@ PNG and ``docs/results/fedktl_digits_images.png`` (the class-wise prototypical i
 rounds, Fig. 5's analogue), with the class separation of the images per round for FedKTL and
 the ablations the paper says lose it.
 
-Run: ``python benchmarks/fedktl_digits.py --setting quick --seeds 0 1 2 --jobs 2``; with the pool
+Run: ``python reproductions/fedktl_digits.py --setting quick --seeds 0 1 2 --jobs 2``; with the pool
 generator, FedKTL and its L^M ablation only:
-``python benchmarks/fedktl_digits.py --generator embedded-stylegan-pool --only "practical/fedktl" "practical/fedktl w/o L^M" --jobs 1``
+``python reproductions/fedktl_digits.py --generator embedded-stylegan-pool --only "practical/fedktl" "practical/fedktl w/o L^M" --jobs 1``
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def _rounds_to_show(rounds: list[int], count: int = 6) -> list[int]:
 
 def report(results: dict[str, Any], setting: str, seeds: list[int], images: dict[str, Any] | None,
            generator: str = DEFAULT_GENERATOR, stem: str = "fedktl_digits") -> str:
-    command = f"python benchmarks/fedktl_digits.py --setting {setting}"
+    command = f"python reproductions/fedktl_digits.py --setting {setting}"
     if generator != DEFAULT_GENERATOR:
         command += f" --generator {generator}"
     lines = [
@@ -331,7 +331,7 @@ def report(results: dict[str, Any], setting: str, seeds: list[int], images: dict
     lines += ["## The paper's claims, checked", ""]
     for claim, holds, evidence in verdicts(results, images):
         lines.append(f"- **{'holds' if holds else 'does not hold'}**: {claim} ({evidence}).")
-    analysis = REPO / "benchmarks" / "notes" / f"{stem}.md"
+    analysis = REPO / "reproductions" / "notes" / f"{stem}.md"
     if analysis.exists():
         lines += ["", analysis.read_text().strip()]
     return "\n".join(lines) + "\n"

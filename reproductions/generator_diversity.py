@@ -23,7 +23,7 @@ and measures, next to the same numbers for real image sets:
 Ratios: each spread as a share of its own training data's spread (1 = as diverse as the data),
 and every metric of the last generator relative to the second (pool vs photos by default).
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/generator_diversity.py [--out docs/results/generator_diversity.json]``
+Run: ``OMP_NUM_THREADS=1 python reproductions/generator_diversity.py [--out docs/results/generator_diversity.json]``
 """
 
 from __future__ import annotations

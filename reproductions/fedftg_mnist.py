@@ -19,7 +19,7 @@ Values are ``acc_server`` (the global model on the 1,000-image global test set) 
 the last 3 evaluated rounds and as the final round, mean ± std over seeds. The server's cost per
 round is measured from each run's ``time/`` records against the clients' fit time.
 
-    python benchmarks/fedftg_mnist.py --seeds 0 1 2 --jobs 2 [--rounds 20] [--report_only]
+    python reproductions/fedftg_mnist.py --seeds 0 1 2 --jobs 2 [--rounds 20] [--report_only]
 
 Runs live in ``--root`` (default ``runs/fedftg_mnist``) and resume where they stopped; the page goes
 to ``docs/results/fedftg_mnist.{md,json,png}``.
@@ -144,7 +144,7 @@ def report(root: Path, seeds: list[int], rounds: int, target: float) -> dict:
         return f"{mean:+.2f} ± {std:.2f}"
 
     seed_list = " ".join(map(str, seeds))
-    command = f"python benchmarks/fedftg_mnist.py --seeds {seed_list} --rounds {rounds} --target {target:g}"
+    command = f"python reproductions/fedftg_mnist.py --seeds {seed_list} --rounds {rounds} --target {target:g}"
     lines = [
         "# FedFTG on embedded MNIST (CPU variant of the paper's Tables 1-4)",
         "",

@@ -8,7 +8,7 @@
 
 Prints a markdown table; ``docs/performance.md`` records the figures and this command.
 
-Run: ``python benchmarks/sanity_fedavg.py [--rounds 20] [--epochs 1] [--model simple_cnn] [--seeds 0 1 2]``
+Run: ``python reproductions/sanity_fedavg.py [--rounds 20] [--epochs 1] [--model simple_cnn] [--seeds 0 1 2]``
 """
 
 from __future__ import annotations

@@ -1,0 +1,574 @@
+"""Results pages from grid files: ``fedhet bench --grid configs/grids/<page>.yaml``.
+
+A results page under ``docs/results/`` is one grid file: its rows (a config plus ``fedhet fit``
+flags or dotted overrides), seeds, the tables and figures it shows, and the page's text with
+placeholders for them. ``fedhet bench --grid FILE`` runs the missing cells (each a ``fedhet fit``
+process, resumable, as every ``fedhet bench`` grid) and writes the page: ``<page>.md``,
+``<page>.json`` (every run's tabulated numbers and per-round curves, and the tables) and one PNG
+per figure. Why a file and not a script: every hyperparameter of a page is then in a config or in
+the grid, reviewable in one place, and the page is reproduced by one command that it names.
+
+Why ``--from_json``: a page's json keeps every run's numbers, so the page can be rewritten (new
+text, another table layout) from its recorded runs without rerunning them or keeping their run
+directories. A record is used only for the cell of the same label, seed, config and flags: the
+numbers of runs made with other settings are refused rather than shown under this grid's rows.
+
+The format is documented in ``docs/results_pages.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhet.bench import (
+    BLOCKS,
+    Cell,
+    bars_png,
+    cell_state,
+    cell_text,
+    check_recorded,
+    child_environment,
+    default_threads,
+    last_mean,
+    load_run,
+    mean_std,
+    run_cells,
+    validate_cells,
+)
+from fedhet.errors import ConfigError
+from fedhet.files import atomic_write_text
+
+GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template"}
+ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds"}
+TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds"}
+FIGURE_KEYS = {"name", "kind", "rows", "block", "metrics"}
+#: numbers of a run that belong to no block of ``summary.json``
+RUN_NUMBERS = ("mb_per_round", "wall_s")
+PLACEHOLDER = re.compile(r"\{(title|command|json_command|seeds|missing|table:[\w.-]+|figure:[\w.-]+)\}")
+ANY_PLACEHOLDER = re.compile(r"\{([a-z_]+(?::[^{}\s]*)?)\}")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a page: a config and the ``fedhet fit`` flags it runs with."""
+
+    label: str
+    name: str
+    config: str
+    flags: tuple[str, ...]
+    seeds: tuple[int, ...] | None = None  # None: the grid's seeds
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table: a ``summary.json`` number (``block/metric``, or a run number) and its header."""
+
+    key: str
+    header: str
+    digits: int | None = None  # None: the table's
+    minus: str | None = None  # a row label: the column is the paired (same seed) difference to that row
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of a page: the rows it shows and a column per number."""
+
+    name: str
+    rows: tuple[str, ...]
+    columns: tuple[Column, ...]
+    digits: int
+    label: str
+    seeds_column: bool
+    seeds: tuple[int, ...] | None = None  # None: every seed of a row
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure: bars of a block's values or per-round curves (mean over seeds) of some rows."""
+
+    name: str
+    kind: str
+    rows: tuple[str, ...]
+    block: str
+    metrics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A parsed grid file (see the module docstring)."""
+
+    path: str
+    title: str
+    page: Path
+    out: Path
+    seeds: tuple[int, ...]
+    rows: tuple[Row, ...]
+    tables: tuple[Table, ...]
+    figures: tuple[Figure, ...]
+    template: str
+
+    def cells(self) -> list[Cell]:
+        """Every (row, seed) cell, seed-major as :func:`fedhet.bench.plan`."""
+        return [
+            Cell(row.label, row.config, seed, row.flags)
+            for seed in self.seeds
+            for row in self.rows
+            if row.seeds is None or seed in row.seeds
+        ]
+
+    def command(self) -> str:
+        """The one command that reruns the missing cells and rewrites the page."""
+        return f"fedhet bench --grid {self.path}"
+
+    def json_command(self) -> str:
+        """The command that rewrites the page from its recorded runs alone."""
+        return f"fedhet bench --grid {self.path} --from_json {self.page.with_suffix('.json')}"
+
+    def keys(self) -> list[str]:
+        """Every number a run record keeps: the tables' and figures' ``block/metric`` keys, then the run numbers."""
+        keys = [c.key for t in self.tables for c in t.columns]
+        keys += [f"{f.block}/{m}" for f in self.figures if f.kind == "bars" for m in f.metrics]
+        return list(dict.fromkeys([*keys, *RUN_NUMBERS]))
+
+    def curve_metrics(self) -> list[str]:
+        """The per-round metrics a run record keeps (every tabulated or plotted metric)."""
+        names = [k.split("/", 1)[1] for k in self.keys() if "/" in k]
+        names += [m for f in self.figures for m in f.metrics]
+        return list(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def _fail(where: str, message: str) -> ConfigError:
+    return ConfigError(f"{where}: {message}")
+
+
+def _keys(where: str, entry: Any, known: set[str], required: Sequence[str]) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        raise _fail(where, f"write a mapping with the keys {', '.join(sorted(known))}")
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise _fail(where, f"unknown key '{unknown[0]}'; known keys: {', '.join(sorted(known))}")
+    missing = [k for k in required if k not in entry]
+    if missing:
+        raise _fail(where, f"missing key '{missing[0]}'")
+    return entry
+
+
+def _flags(where: str, value: Any) -> tuple[str, ...]:
+    """``flags``: a list of ``fedhet fit`` flags or one shell-quoted string."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(shlex.split(value))
+    if isinstance(value, list) and all(isinstance(v, (str, int, float)) for v in value):
+        return tuple(str(v) for v in value)
+    raise _fail(where, "flags: write a list of fedhet fit flags, e.g. ['--rounds=10']")
+
+
+def override_flag(key: str, value: Any) -> str:
+    """A dotted override as one ``fedhet fit`` flag, ``--key=value``, the value as YAML (``true``, ``[a, b]``)."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    text = text.removesuffix("...").strip()
+    return f"--{key}={text}"
+
+
+def _seeds(where: str, seeds: Any) -> tuple[int, ...]:
+    integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    if not seeds or not integers:
+        raise _fail(where, "seeds: write a non-empty list of integers, e.g. [0, 1, 2]")
+    return tuple(seeds)
+
+
+def _row(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, ...]) -> Row:
+    entry = _keys(where, entry, ROW_KEYS, ("label", "config"))
+    label = str(entry["label"])
+    if not re.fullmatch(r"[\w.+-]+(/[\w.+-]+)*", label):
+        raise _fail(where, f"label {label!r}: use letters, digits, '._+-' and '/' (it is the run's directory)")
+    overrides = entry.get("set") or {}
+    if not isinstance(overrides, dict):
+        raise _fail(where, "set: write a mapping of dotted keys to values, e.g. {method.init_args.lr: 0.1}")
+    row_flags = (*flags, *(override_flag(k, v) for k, v in overrides.items()), *_flags(where, entry.get("flags")))
+    seeds = None if "seeds" not in entry else _seeds(where, entry["seeds"])
+    if seeds is not None and not set(seeds) <= set(grid_seeds):
+        raise _fail(where, f"seeds {list(seeds)}: a row runs some of the grid's seeds {list(grid_seeds)}, not others")
+    return Row(label, str(entry.get("name", label)), str(entry["config"]), row_flags, seeds)
+
+
+def _rows_of(where: str, entry: dict[str, Any], labels: Sequence[str]) -> tuple[str, ...]:
+    rows = entry.get("rows")
+    if rows is None:
+        return tuple(labels)
+    if not isinstance(rows, list):
+        raise _fail(where, "rows: write a list of row labels")
+    for label in rows:
+        if label not in labels:
+            raise _fail(where, f"rows: no row labelled {label!r}; rows: {', '.join(labels)}")
+    return tuple(rows)
+
+
+def _block(where: str, block: Any) -> str:
+    if block not in BLOCKS:
+        raise _fail(where, f"block {block!r}: use one of {', '.join(BLOCKS)}")
+    return str(block)
+
+
+def _columns(where: str, metrics: Any, block: str, labels: Sequence[str] = ()) -> tuple[Column, ...]:
+    """``metrics``: names (``acc_local``, ``final/acc_local``, ``mb_per_round``) or mappings ``{name: header}``.
+
+    A name whose first part is not a block (``domain/mnist/acc_intra``) is a metric of the table's block.
+
+    A header may be a mapping ``{header: ..., digits: N, minus: ROW}``: other digits (wall time), or the
+    paired difference to another row of the same seed (a gain over a baseline; ``-`` in the baseline's row).
+    """
+    if not isinstance(metrics, list) or not metrics:
+        raise _fail(where, "metrics: write a non-empty list, e.g. [acc_local, {acc_server: G.acc}]")
+    columns = []
+    for metric in metrics:
+        if isinstance(metric, dict) and len(metric) == 1:
+            (name, header), = metric.items()
+        elif isinstance(metric, str):
+            name, header = metric, metric
+        else:
+            raise _fail(where, f"metrics: {metric!r} is neither a name nor a one-key mapping {{name: header}}")
+        digits, minus = None, None
+        if isinstance(header, dict):
+            if set(header) - {"header", "digits", "minus"} or not isinstance(header.get("digits", 0), int):
+                raise _fail(where, f"metrics: {name}: write {{header: TEXT, digits: N, minus: ROW}}")
+            minus = header.get("minus")
+            if minus is not None and minus not in labels:
+                raise _fail(where, f"metrics: {name}: minus: no row labelled {minus!r}")
+            header, digits = header.get("header", name), header.get("digits")
+        if name in RUN_NUMBERS:
+            key = name
+        elif name.split("/", 1)[0] in BLOCKS:  # final/acc_local; domain/mnist/acc_intra is a metric name
+            key = name
+        else:
+            key = f"{block}/{name}"
+        columns.append(Column(key, str(header), digits, minus))
+    return tuple(columns)
+
+
+def parse_grid(path: str | Path) -> Grid:
+    """Read and check a grid file; every mistake is one :class:`ConfigError` line naming the file and the key."""
+    import yaml
+
+    where = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        raise ConfigError(f"--grid {path}: no such file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise _fail(where, f"not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
+    data = _keys(where, data, GRID_KEYS, ("title", "page", "rows", "tables", "template"))
+    seeds = _seeds(where, data.get("seeds", [0]))
+    flags = _flags(where, data.get("flags"))
+    if not isinstance(data["rows"], list) or not data["rows"]:
+        raise _fail(where, "rows: write a non-empty list of {label, config, flags, set}")
+    rows = tuple(_row(f"{where}: rows[{i}]", entry, flags, seeds) for i, entry in enumerate(data["rows"]))
+    labels = [r.label for r in rows]
+    duplicate = next((label for label in labels if labels.count(label) > 1), None)
+    if duplicate:
+        raise _fail(where, f"rows: the label {duplicate!r} is used twice")
+    if not isinstance(data["tables"], list) or not data["tables"]:
+        raise _fail(where, "tables: write a non-empty list of {name, block, metrics, rows}")
+    tables = []
+    for i, entry in enumerate(data["tables"]):
+        at = f"{where}: tables[{i}]"
+        entry = _keys(at, entry, TABLE_KEYS, ("name", "metrics"))
+        block = _block(at, entry.get("block", "final"))
+        tables.append(Table(
+            str(entry["name"]), _rows_of(at, entry, labels), _columns(at, entry["metrics"], block, labels),
+            int(entry.get("digits", 2)), str(entry.get("label", "method")), bool(entry.get("seeds_column", False)),
+            None if "seeds" not in entry else _seeds(at, entry["seeds"]),
+        ))  # fmt: skip
+    figures = []
+    for i, entry in enumerate(data.get("figures") or []):
+        at = f"{where}: figures[{i}]"
+        entry = _keys(at, entry, FIGURE_KEYS, ("name", "kind", "metrics"))
+        if entry["kind"] not in ("bars", "curves"):
+            raise _fail(at, f"kind {entry['kind']!r}: use bars (a block's values) or curves (per-round values)")
+        metrics = entry["metrics"]
+        if not isinstance(metrics, list) or not metrics or not all(isinstance(m, str) for m in metrics):
+            raise _fail(at, "metrics: write a non-empty list of metric names")
+        figures.append(Figure(str(entry["name"]), entry["kind"], _rows_of(at, entry, labels),
+                              _block(at, entry.get("block", "final")), tuple(metrics)))  # fmt: skip
+    names = [t.name for t in tables] + [f.name for f in figures]
+    template = data["template"]
+    if not isinstance(template, str):
+        raise _fail(where, "template: write the page's Markdown as a string (a YAML block: 'template: |')")
+    for match in ANY_PLACEHOLDER.finditer(template):
+        token = match.group(1)
+        if not PLACEHOLDER.fullmatch(match.group(0)) and (":" in token or token in ("table", "figure")):
+            raise _fail(where, f"template: unknown placeholder {{{token}}}; use {{table:NAME}}, {{figure:NAME}}, "
+                               "{title}, {command}, {json_command}, {seeds} or {missing}")  # fmt: skip
+        kind, _, name = token.partition(":")
+        if kind == "table" and name not in [t.name for t in tables]:
+            known = ", ".join(t.name for t in tables)
+            raise _fail(where, f"template: {{table:{name}}} names no table; tables: {known}")
+        if kind == "figure" and name not in [f.name for f in figures]:
+            raise _fail(where, f"template: {{figure:{name}}} names no figure; figures: "
+                               f"{', '.join(f.name for f in figures) or 'none'}")  # fmt: skip
+    if "{command}" not in template:
+        raise _fail(where, "template: name the page's command with the {command} placeholder")
+    if len(set(names)) < len(names):
+        raise _fail(where, "tables and figures: two have the same name")
+    page = Path(str(data["page"]))
+    if page.suffix != ".md":
+        raise _fail(where, f"page {page}: name the Markdown file, e.g. docs/results/{Path(where).stem}.md")
+    out = Path(str(data.get("out", f"runs/grids/{Path(where).stem}")))
+    return Grid(where, str(data["title"]), page, out, tuple(seeds), rows, tuple(tables), tuple(figures), template)
+
+
+# ---------------------------------------------------------------------------------------------- run records
+def record_of(cell: Cell, summary: dict[str, Any], grid: Grid) -> dict[str, Any]:
+    """A run's entry of the page json: its cell, its tabulated numbers and its per-round curves.
+
+    ``last3`` falls back to the mean of the last 3 rounds of ``metrics.jsonl`` when ``summary.json``
+    has no ``last3`` value of that metric (a metric logged only per round). A metric the run does
+    not report (``acc_server`` of a method without a server model) is left out, shown as ``-``.
+    """
+    values: dict[str, float] = {}
+    history = summary.get("history", [])
+    for key in grid.keys():
+        if key == "mb_per_round":
+            comm = summary["comm"]
+            value: Any = (comm["bytes_up_per_round"] + comm["bytes_down_per_round"]) / 1e6
+        elif key == "wall_s":
+            value = summary.get("wall_s")
+        else:
+            block, metric = key.split("/", 1)
+            value = summary.get(block, {}).get(metric)
+            if value is None and block == "last3":
+                value = last_mean(history, metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            values[key] = float(value)
+    curves = {m: [r[m] for r in history if isinstance(r.get(m), (int, float))] for m in grid.curve_metrics()}
+    return {
+        "label": cell.label, "config": cell.config, "seed": cell.seed, "flags": list(cell.flags),
+        "method": summary.get("method"), "values": values, "curves": {m: c for m, c in curves.items() if c},
+    }  # fmt: skip
+
+
+def records_from_json(path: Path, cells: Sequence[Cell]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The recorded runs of a page json that are cells of this grid, by (label, seed).
+
+    A record of a planned label and seed that was made with another config or other flags is
+    refused: its numbers are not this grid's.
+    """
+    try:
+        payload = json.loads(Path(path).read_text())
+    except OSError:
+        raise ConfigError(f"--from_json {path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--from_json {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("runs"), list):
+        raise ConfigError(f"--from_json {path}: no 'runs' list; give the .json a grid page was written with")
+    planned = {(c.label, c.seed): c for c in cells}
+    records = {}
+    for record in payload["runs"]:
+        cell = planned.get((record.get("label"), record.get("seed")))
+        if cell is None:
+            continue
+        if record.get("config") != cell.config or list(record.get("flags", [])) != list(cell.flags):
+            raise ConfigError(
+                f"--from_json {path}: {cell.label} seed {cell.seed} was run with {record.get('config')} "
+                f"{' '.join(record.get('flags', []))}, not as the grid says; rerun it or fix the grid"
+            )
+        records[cell.label, cell.seed] = record
+    return records
+
+
+# ---------------------------------------------------------------------------------------------- the page
+def table_stats(records: Sequence[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """Mean, sample std, n and per-seed values of one number over a row's records (None: no record has it)."""
+    return stats([r["values"][key] for r in records if key in r["values"]])
+
+
+def stats(values: Sequence[float]) -> dict[str, Any] | None:
+    """Mean, sample std, n and the values (None: no value)."""
+    values = list(values)
+    if not values:
+        return None
+    mean, std = mean_std(values)
+    return {"mean": round(mean, 4), "std": round(std, 4), "n": len(values), "values": values}
+
+
+def of_seeds(table: Table, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records a table shows: all, or those of its ``seeds``."""
+    return [r for r in records if table.seeds is None or r["seed"] in table.seeds]
+
+
+def column_values(
+    column: Column, records: Sequence[dict[str, Any]], by_row: dict[str, list[dict[str, Any]]], label: str
+) -> list[float]:
+    """A column's numbers over a row's records; with ``minus``, each minus the other row's at the same seed."""
+    values = {r["seed"]: r["values"][column.key] for r in records if column.key in r["values"]}
+    if column.minus is None:
+        return list(values.values())
+    if label == column.minus:
+        return []
+    base = {r["seed"]: r["values"][column.key] for r in by_row.get(column.minus, []) if column.key in r["values"]}
+    return [value - base[seed] for seed, value in values.items() if seed in base]
+
+
+def markdown_table(table: Table, grid: Grid, by_row: dict[str, list[dict[str, Any]]]) -> str:
+    """One table: a line per row that has records, ``mean ± std`` over seeds (one seed: the value)."""
+    names = {r.label: r.name for r in grid.rows}
+    header = [table.label, *(["seeds"] if table.seeds_column else []), *(c.header for c in table.columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label in table.rows:
+        records = of_seeds(table, by_row.get(label, []))
+        if not records:
+            continue
+        cells = [cell_text(column_values(c, records, by_row, label), table.digits if c.digits is None else c.digits)
+                 for c in table.columns]  # fmt: skip
+        seeds = [", ".join(str(r["seed"]) for r in records)] if table.seeds_column else []
+        lines.append("| " + " | ".join([names[label], *seeds, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def figure_path(grid: Grid, figure: Figure) -> Path:
+    """``<page stem>_<figure name>.png`` beside the page."""
+    return grid.page.with_name(f"{grid.page.stem}_{figure.name}.png")
+
+
+def draw_figure(grid: Grid, figure: Figure, by_row: dict[str, list[dict[str, Any]]]) -> bool:
+    """Write one figure; False (and no file) when no run has its numbers (records without curves)."""
+    from fedhet.bench import curves_png
+
+    names = {r.label: r.name for r in grid.rows}
+    rows = [label for label in figure.rows if by_row.get(label)]
+    if figure.kind == "curves":
+        series = {names[label]: [[r.get("curves", {}).get(m, []) for m in figure.metrics] for r in by_row[label]]
+                  for label in rows}  # fmt: skip
+        if not any(c for per_seed in series.values() for curves in per_seed for c in curves):
+            return False
+        curves_png(figure_path(grid, figure), series, figure.metrics)
+        return True
+    results = {
+        names[label]: {"metrics": {f"{figure.block}/{m}": table_stats(by_row[label], f"{figure.block}/{m}")
+                                   for m in figure.metrics}}
+        for label in rows
+    }  # fmt: skip
+    if not any(s for entry in results.values() for s in entry["metrics"].values()):
+        return False
+    bars_png(figure_path(grid, figure), results, figure.metrics, figure.block)
+    return True
+
+
+def render_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The page's Markdown and json from the run records; the figures are written beside the page."""
+    by_row: dict[str, list[dict[str, Any]]] = {}
+    for cell in grid.cells():
+        if (cell.label, cell.seed) in records:
+            by_row.setdefault(cell.label, []).append(records[cell.label, cell.seed])
+    for label in by_row:
+        by_row[label].sort(key=lambda r: r["seed"])
+    missing = [f"{c.label} seed {c.seed}" for c in grid.cells() if (c.label, c.seed) not in records]
+    tables = {t.name: markdown_table(t, grid, by_row) for t in grid.tables}
+    figures = {f.name: draw_figure(grid, f, by_row) for f in grid.figures}
+
+    def fill(match: re.Match[str]) -> str:
+        kind, _, name = match.group(1).partition(":")
+        if kind == "table":
+            return tables[name]
+        if kind == "figure":
+            if not figures[name]:
+                return f"(figure {name}: no run has its numbers recorded)"
+            return f"![{name}]({figure_path(grid, next(f for f in grid.figures if f.name == name)).name})"
+        return {
+            "title": grid.title,
+            "command": grid.command(),
+            "json_command": grid.json_command(),
+            "seeds": " ".join(map(str, grid.seeds)),
+            "missing": "every cell was run" if not missing else "not run: " + "; ".join(missing),
+        }[kind]
+
+    text = PLACEHOLDER.sub(fill, grid.template).rstrip() + "\n"
+    payload = {
+        "grid": grid.path,
+        "command": grid.command(),
+        "title": grid.title,
+        "std": "sample (n - 1)",
+        "seeds": list(grid.seeds),
+        "missing": missing,
+        "tables": {
+            t.name: {label: {c.header: stats(column_values(c, of_seeds(t, by_row[label]), by_row, label))
+                             for c in t.columns}
+                     for label in t.rows if by_row.get(label)}
+            for t in grid.tables
+        },
+        "runs": [records[c.label, c.seed] for r in grid.rows for c in grid.cells()
+                 if c.label == r.label and (c.label, c.seed) in records],
+    }  # fmt: skip
+    return text, payload
+
+
+def write_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> str:
+    """Write ``<page>.md`` and ``<page>.json`` (atomically) and the figures; returns the Markdown."""
+    grid.page.parent.mkdir(parents=True, exist_ok=True)
+    text, payload = render_page(grid, records)
+    atomic_write_text(grid.page.with_suffix(".json"), json.dumps(payload, indent=1) + "\n")
+    atomic_write_text(grid.page, text)
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def grid_command(
+    grid_path: str,
+    out: Path | None = None,
+    jobs: int = 1,
+    threads: int | None = None,
+    report_only: bool = False,
+    from_json: Path | None = None,
+    echo: Callable[[str], None] = print,
+) -> int:
+    """``fedhet bench --grid FILE``: run the cells that have neither a run nor a record, then write the page.
+
+    Records come from ``--from_json`` (cells it has are not rerun) and from the complete run
+    directories under ``out`` (the grid's ``out`` by default), which replace a json record of the
+    same cell. Returns 1 when a cell failed or no cell has numbers, else 0.
+    """
+    grid = parse_grid(grid_path)
+    root = Path(out) if out is not None else grid.out
+    cells = grid.cells()
+    records = records_from_json(from_json, cells) if from_json is not None else {}
+    outcomes = []
+    pending = [c for c in cells if (c.label, c.seed) not in records or cell_state(c.run_dir(root)) == "partial"]
+    if not report_only and pending:
+        for cell in pending:
+            if not Path(cell.config).is_file():
+                raise ConfigError(f"{grid.path}: {cell.label}: config {cell.config}: no such file")
+        check_recorded(pending, root)
+        validate_cells(pending, root)
+        threads = threads or default_threads(jobs)
+        echo(f"{grid.path}: {len(pending)} of {len(cells)} cells to run or check under {root}, "
+             f"{jobs} at a time, {threads} threads each")  # fmt: skip
+        outcomes = run_cells(pending, root, jobs, env=child_environment(threads), echo=echo)
+    for cell in cells:
+        if cell_state(cell.run_dir(root)) == "complete":
+            records[cell.label, cell.seed] = record_of(cell, load_run(cell.run_dir(root)), grid)
+    if not records:
+        echo(f"{grid.path}: no cell has numbers (no complete run under {root}, no record); nothing to write")
+        return 1
+    text = write_page(grid, records)
+    echo(text)
+    echo(f"wrote {grid.page} and {grid.page.with_suffix('.json')}")
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        echo(f"{len(failed)} of {len(cells)} cells failed (logs above); rerun the same command to retry them")
+        return 1
+    return 0

@@ -1,0 +1,238 @@
+"""``fedhet bench --grid``: a results page from a grid file, from run directories or from its recorded json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedhet.bench import validate_cells
+from fedhet.cli import main
+from fedhet.errors import ConfigError
+from fedhet.pages import override_flag, parse_grid
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GRID = """\
+title: A test page
+page: {page}
+out: {out}
+seeds: [0, 1]
+flags: ["--rounds=2"]
+rows:
+  - label: skew/fedavg
+    name: FedAvg
+    config: configs/experiments/digits_dir/fedavg.yaml
+  - label: skew/local
+    name: Local
+    config: configs/experiments/digits_dir/local.yaml
+    set: {{method.init_args.lr: 0.1, federation.persist_optimizer_state: false}}
+tables:
+  - name: main
+    block: last3
+    metrics: [acc_local, {{final/acc_server: G.acc}}, {{mb_per_round: MB per round}},
+              {{acc_local: {{header: gain over Local, minus: skew/local}}}}]
+  - name: cost
+    seeds: [1]
+    metrics: [{{wall_s: {{header: wall s, digits: 0}}}}]
+figures:
+  - name: curves
+    kind: curves
+    metrics: [acc_local]
+template: |
+  # {{title}}
+
+  Regenerate: `{{command}}`; seeds {{seeds}}; {{missing}}.
+
+  {{table:main}}
+
+  {{table:cost}}
+
+  {{figure:curves}}
+"""
+
+
+def _error_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert lines and "Traceback" not in err
+    return lines[-1]
+
+
+def _fake_run(
+    run_dir: Path, method: str, acc_local: list[float], acc_server: float | None, up: int, wall_s: float = 3.0
+) -> None:
+    """A finished run as ``fedhet fit`` leaves it: summary.json (no last3 value: it comes from the curve)."""
+    run_dir.mkdir(parents=True)
+    final = {"acc_local": acc_local[-1], **({} if acc_server is None else {"acc_server": acc_server})}
+    summary = {
+        "method": method, "scenario_kind": "label_skew", "seed": 0, "final": final, "best": final, "last3": {},
+        "comm": {"bytes_up_per_round": up, "bytes_down_per_round": up}, "wall_s": wall_s,
+    }  # fmt: skip
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"round": i, "acc_local": a}) + "\n"
+                                                   for i, a in enumerate(acc_local)))  # fmt: skip
+
+
+def _grid(tmp_path: Path) -> Path:
+    path = tmp_path / "page.yaml"
+    path.write_text(GRID.format(page=tmp_path / "docs" / "page.md", out=tmp_path / "runs"))
+    return path
+
+
+def test_grid_rows_become_cells_with_their_flags(tmp_path):
+    """The grid's flags first, then the row's dotted overrides as --key=value (values as YAML)."""
+    grid = parse_grid(_grid(tmp_path))
+    cells = grid.cells()
+    assert [(c.label, c.seed) for c in cells] == [("skew/fedavg", 0), ("skew/local", 0), ("skew/fedavg", 1),
+                                                  ("skew/local", 1)]  # fmt: skip
+    assert cells[1].flags == ("--rounds=2", "--method.init_args.lr=0.1", "--federation.persist_optimizer_state=false")
+    assert [c.key for c in grid.tables[0].columns] == ["last3/acc_local", "final/acc_server", "mb_per_round",
+                                                       "last3/acc_local"]  # fmt: skip
+    assert grid.tables[0].columns[3].minus == "skew/local"
+    path = tmp_path / "page.yaml"
+    path.write_text(path.read_text().replace("    name: Local\n", "    name: Local\n    seeds: [1]\n"))
+    assert [(c.label, c.seed) for c in parse_grid(tmp_path / "page.yaml").cells()] == [
+        ("skew/fedavg", 0), ("skew/fedavg", 1), ("skew/local", 1)]  # a row may run some of the seeds
+    assert override_flag("scenario.domains", ["mnist", "uci"]) == "--scenario.domains=[mnist, uci]"
+    assert override_flag("trainer.max_steps", 10) == "--trainer.max_steps=10"
+
+
+def test_page_from_run_directories_then_from_its_json(tmp_path, capsys, monkeypatch):
+    """Hand-computed tables from fake runs; the json alone rewrites the same page; other flags are refused."""
+    monkeypatch.chdir(ROOT)
+    grid = _grid(tmp_path)
+    runs = tmp_path / "runs"
+    # last3 of acc_local = mean of the last 3 rounds: (20+30+40)/3 = 30 and (40+50+60)/3 = 50
+    _fake_run(runs / "skew/fedavg/seed0", "FedAvg", [10, 20, 30, 40], 41.0, 1_000_000)
+    _fake_run(runs / "skew/fedavg/seed1", "FedAvg", [30, 40, 50, 60], 45.0, 1_000_000, wall_s=7.4)
+    _fake_run(runs / "skew/local/seed0", "Local", [70, 80, 90], None, 0)  # seed 1 of Local not run
+    assert main(["bench", "--grid", str(grid), "--report_only"]) == 0
+    page = (tmp_path / "docs" / "page.md").read_text()
+    # FedAvg: 30 and 50 -> mean 40, sample std sqrt(((30-40)^2 + (50-40)^2) / 1) = 14.14; G.acc 43 ± 2.83
+    # the gain is paired: FedAvg's seed 0 (30) minus Local's seed 0 ((70+80+90)/3 = 80); Local has no seed 1
+    assert "| FedAvg | 40.00 ± 14.14 | 43.00 ± 2.83 | 2.00 ± 0.00 | -50.00 |" in page
+    assert "| Local | 80.00 | - | 0.00 | - |" in page
+    assert "| method | wall s |\n|---|---|\n| FedAvg | 7 |\n" in page  # seed 1 only (7.4 s), no decimals
+    assert "| method | acc_local | G.acc | MB per round | gain over Local |" in page
+    assert f"Regenerate: `fedhet bench --grid {grid}`; seeds 0 1; not run: skew/local seed 1." in page
+    assert "![curves](page_curves.png)" in page
+    assert (tmp_path / "docs" / "page_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    payload = json.loads((tmp_path / "docs" / "page.json").read_text())
+    assert payload["command"] == f"fedhet bench --grid {grid}" and payload["missing"] == ["skew/local seed 1"]
+    assert payload["tables"]["main"]["skew/fedavg"]["acc_local"]["values"] == [30.0, 50.0]
+    record = payload["runs"][0]
+    assert record["label"] == "skew/fedavg" and record["seed"] == 0 and record["flags"] == ["--rounds=2"]
+    assert record["values"] == {"last3/acc_local": 30.0, "final/acc_server": 41.0, "mb_per_round": 2.0, "wall_s": 3.0}
+    assert record["curves"] == {"acc_local": [10, 20, 30, 40]}
+    assert "final/acc_server" not in payload["runs"][2]["values"]  # Local reports no server model
+
+    # the run directories gone, the page's json rewrites the same page and runs nothing
+    saved = tmp_path / "saved.json"
+    saved.write_text((tmp_path / "docs" / "page.json").read_text())
+    (runs / "skew").rename(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["bench", "--grid", str(grid), "--from_json", str(saved), "--report_only"]) == 0
+    assert (tmp_path / "docs" / "page.md").read_text() == page
+    assert json.loads((tmp_path / "docs" / "page.json").read_text()) == payload
+    assert "cells to run" not in capsys.readouterr().out
+
+    # a record made with other flags is not this grid's
+    payload["runs"][0]["flags"] = ["--rounds=3"]
+    saved.write_text(json.dumps(payload))
+    code = main(["bench", "--grid", str(grid), "--from_json", str(saved), "--report_only"])
+    line = _error_line(capsys.readouterr().err)
+    assert code == 2 and "skew/fedavg seed 0 was run with" in line and "--rounds=3" in line
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda t: t.replace("seeds: [0, 1]", "seeds: [0, one]"), "seeds: write a non-empty list of integers"),
+        (lambda t: t.replace("    name: FedAvg\n", "    nmae: FedAvg\n"), "rows[0]: unknown key 'nmae'"),
+        (lambda t: t.replace("{table:main}", "{table:mian}"), "{table:mian} names no table"),
+        (lambda t: t.replace("{figure:curves}", "{figur:curves}"), "unknown placeholder {figur:curves}"),
+        (lambda t: t.replace("`{command}`", "`fedhet bench`"), "{command} placeholder"),
+        (lambda t: t.replace("block: last3", "block: last5"), "block 'last5': use one of final, best, last3"),
+        (lambda t: t.replace("kind: curves", "kind: pie"), "kind 'pie'"),
+        (lambda t: t.replace("minus: skew/local", "minus: skew/lcoal"), "minus: no row labelled 'skew/lcoal'"),
+        (lambda t: t.replace("title: A test page\n", ""), "missing key 'title'"),
+        (lambda t: t.replace("  - label: skew/local", "  - label: skew/fedavg"), "'skew/fedavg' is used twice"),
+        (lambda t: t.replace("rows:\n", "rows: [\n"), "not valid YAML"),
+        (lambda t: t.replace("    name: Local\n", "    name: Local\n    seeds: [1, 7]\n"), "not others"),
+    ],
+)
+def test_bad_grid_is_one_line(tmp_path, capsys, change, pattern):
+    """Every mistake in a grid file stops before any run with one line naming the file and the key."""
+    grid = _grid(tmp_path)
+    grid.write_text(change(grid.read_text()))
+    with pytest.raises(ConfigError):
+        parse_grid(grid)
+    assert main(["bench", "--grid", str(grid)]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert line.startswith(f"fedhet: error: {grid}") and pattern in line, line
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "docs").exists()
+
+
+def test_grid_refuses_command_line_rows(tmp_path, capsys):
+    """The grid file is the one place of a page's settings: --configs, --seeds or '--' flags beside it are refused."""
+    grid = str(_grid(tmp_path))
+    for args, pattern in (
+        (["--configs", "a.yaml"], "drop --configs"),
+        (["--seeds", "3"], "drop --seeds"),
+        (["--", "--rounds=3"], "drop --configs, --set and '--'"),
+        (["--from_json", str(tmp_path / "none.json")], "no such file"),
+    ):
+        assert main(["bench", "--grid", grid, *args]) == 2
+        line = _error_line(capsys.readouterr().err)
+        assert pattern in line, line
+    assert main(["bench", "--from_json", "x.json", "--configs", "a.yaml"]) == 2
+    assert "give it with --grid" in _error_line(capsys.readouterr().err)
+
+
+def test_shipped_grids_parse_and_name_their_pages(monkeypatch):
+    """Every grid in configs/grids/ parses, its configs exist, and its page names its command."""
+    monkeypatch.chdir(ROOT)
+    grids = sorted((ROOT / "configs" / "grids").glob("*.yaml"))
+    assert grids
+    for path in grids:
+        grid = parse_grid(path.relative_to(ROOT))
+        for row in grid.rows:
+            assert (ROOT / row.config).is_file(), (path, row.config)
+        page = ROOT / grid.page
+        if page.is_file():
+            assert grid.command() in page.read_text(), page
+        validate_cells(grid.cells()[: len(grid.rows)], ROOT / grid.out)  # every row's flags parse as fedhet fit's
+
+
+@pytest.mark.slow
+def test_grid_runs_a_tiny_cell_and_tabulates_its_summary(tmp_path, capsys, monkeypatch):
+    """One real fedhet fit cell (1 round, tiny data): the page's numbers are its summary's; a rerun runs nothing."""
+    from fedhet.bench import cell_text
+
+    monkeypatch.chdir(ROOT)
+    tiny = [
+        "--rounds=1", "--models=tiny_homo", "--trainer.max_epochs=1", "--scenario.domains=[mnist, uci, mnistm]",
+        "--scenario.private_sizes=[32, 32, 32]", "--scenario.val_per_domain=20", "--scenario.test_per_domain=40",
+        "--scenario.image_size=16", "--scenario.batch_size=16",
+    ]  # fmt: skip
+    grid = tmp_path / "tiny.yaml"
+    grid.write_text(
+        f"title: Tiny\npage: {tmp_path / 'tiny.md'}\nout: {tmp_path / 'runs'}\nseeds: [3]\n"
+        f"rows:\n  - {{label: fedavg, config: configs/experiments/digits/fedavg.yaml, flags: {json.dumps(tiny)}}}\n"
+        "tables:\n  - {name: t, metrics: [acc_intra, last3/acc_inter, mb_per_round]}\n"
+        "template: |\n  `{command}`\n\n  {table:t}\n"
+    )
+    assert main(["bench", "--grid", str(grid)]) == 0, capsys.readouterr()
+    summary = json.loads((tmp_path / "runs" / "fedavg" / "seed3" / "summary.json").read_text())
+    record = json.loads((tmp_path / "tiny.json").read_text())["runs"][0]
+    mb = (summary["comm"]["bytes_up_per_round"] + summary["comm"]["bytes_down_per_round"]) / 1e6
+    assert record["values"]["final/acc_intra"] == summary["final"]["acc_intra"]
+    assert record["values"]["last3/acc_inter"] == summary["last3"]["acc_inter"]
+    assert record["values"]["mb_per_round"] == pytest.approx(mb) and mb > 0
+    assert len(record["curves"]["acc_intra"]) == 1 and record["seed"] == 3
+    row = f"| fedavg | {cell_text([summary['final']['acc_intra']])} | {cell_text([summary['last3']['acc_inter']])} |"
+    assert row in (tmp_path / "tiny.md").read_text()
+    capsys.readouterr()
+    assert main(["bench", "--grid", str(grid)]) == 0
+    assert "1 of 1 cells already complete" in capsys.readouterr().out
