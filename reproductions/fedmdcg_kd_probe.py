@@ -33,13 +33,14 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch  # noqa: E402
 from fedmdcg_privacy import CODE_FLAGS, OUT, scenario  # noqa: E402  (this folder)
 
-from fedhet.algorithms.fedmdcg import FedMDCG, FedMDCGServer  # noqa: E402
+from fedhet.algorithms.fedmdcg import FedMDCG  # noqa: E402
+from fedhet.algorithms.shared_generators import GeneratorClassifierServer  # noqa: E402
 from fedhet.core.state import clone_state, copy_state_into  # noqa: E402
 from fedhet.federation import FederationLoop  # noqa: E402
 from fedhet.federation.trainer import TrainerTemplate  # noqa: E402
 
 
-class ProbedServer(FedMDCGServer):
+class ProbedServer(GeneratorClassifierServer):
     """Keeps the averaged classifier of the round and scores the teachers' consistency."""
 
     persistent_adam = False
@@ -120,7 +121,7 @@ def main() -> None:
 
     class Probed(FedMDCG):
         def build_server(self) -> ProbedServer:
-            server = ProbedServer(self.make_generator, **self.server_kwargs())
+            server = ProbedServer(self.make_generator, self.hp)
             server.persistent_adam = args.persistent_server_adam
             return server
 

@@ -9,8 +9,8 @@ optimizer). The client schedule follows FedMD-CG's paper, which ran FedCG as a b
 
 Upload: ``(G_i, D_i)`` and the per-class counts (:class:`GeneratorClassifierPayload`, as FedMD-CG).
 Download: the global ``(G, D)`` and the global counts.
-Server phase: trainable (:class:`fedhet.algorithms.fedmdcg.FedMDCGServer` with
-``aggregation="kd"``): example-weighted average, then ``server_steps`` Adam steps (lr 2e-4, weight
+Server phase: trainable (:class:`fedhet.algorithms.shared_generators.GeneratorClassifierServer`
+with ``aggregation="kd"``): example-weighted average, then ``server_steps`` Adam steps (lr 2e-4, weight
 decay 1e-5) distilling the ensemble into both ``G`` and ``D``:
 ``T^2 KL(softmax(sum_i n_i/n D_i(G_i(z, y)) / T) || softmax(D(G(z, y)) / T))``, batch mean,
 ``T = 10`` (``KD_agg``, ``server_kd_loss="hinton"``).
@@ -46,26 +46,48 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientModule, LocalStage, OptimizerName, ServerPhase
-from fedhet.algorithms.fedmdcg import (
+from fedhet.algorithms.base import Batch, LocalStage, ServerPhase
+from fedhet.algorithms.shared_generators import (
     ConditionalFeatureGenerator,
-    FedMDCG,
-    FedMDCGClient,
-    FedMDCGServer,
+    GeneratorClassifierClient,
+    GeneratorClassifierHparams,
+    GeneratorClassifierMethod,
     GeneratorClassifierPayload,
-    NoiseKind,
+    GeneratorClassifierServer,
 )
 from fedhet.core.payloads import Payload
 from fedhet.core.state import copy_state_into
-from fedhet.errors import ConfigError
 from fedhet.functional import discriminator_loss, generator_adversarial_loss
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
+from fedhet.hparams import NonNegativeFloat, PositiveFloat, PositiveInt, knob, log_uniform
+
+
+@dataclass(frozen=True)
+class FedCGHparams(GeneratorClassifierHparams):
+    """FedCG's hyperparameters: FedMD-CG's shared ones, with FedCG's server distillation."""
+
+    server_steps: PositiveInt = knob(20, "server distillation steps per round (20, code I_gen_gc)")
+    server_lr: PositiveFloat = knob(
+        2e-4,
+        "Adam learning rate of the server distillation (FedCG's code: 2e-4; the FedMD-CG authors': 1e-3)",
+        log_uniform(1e-5, 1e-2),
+    )
+    server_weight_decay: NonNegativeFloat = knob(
+        1e-5, "its weight decay (FedCG's code: 1e-5; the FedMD-CG authors': 1e-4)"
+    )
+    server_temperature: PositiveFloat = knob(10.0, "T of the server KD (10)", log_uniform(0.5, 20.0))
+    server_kd_loss: Literal["hinton", "mean"] = knob(
+        "hinton", "server KD: hinton (batch-mean KL times T^2) or mean (the FedMD-CG authors' KLDivLoss() element mean)"
+    )
+    conditional_discriminator: bool = knob(
+        True, "condition the discriminator on y (FedCG's cGAN; the FedMD-CG authors' baseline does not)"
+    )
 
 
 class LatentDiscriminator(nn.Module):
@@ -115,23 +137,20 @@ def cubic_ramp(round_idx: int, total_rounds: int) -> float:
     return 0.0 if total_rounds <= 1 else min(1.0, round_idx / (total_rounds - 1)) ** 3
 
 
-class FedCGClient(FedMDCGClient):
+class FedCGClient(GeneratorClassifierClient):
     """Stage 1: CE plus ramped feature MSE to ``G``; stage 2: the latent cGAN (manual optimisation).
+
+    ``generator_lr`` and ``generator_weight_decay`` set the Adam of both ``G_i`` and the discriminator.
 
     Args:
         model: the backbone.
         num_classes: ``C``.
         generator: ``G_i``.
-        local_steps: mini-batches per stage.
-        generator_lr: Adam learning rate of ``G_i`` and the discriminator.
-        generator_weight_decay: their weight decay.
-        optimizer: optimizer of ``[F_i, D_i]``.
-        lr: its learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-        conditional_discriminator: feed the label to the discriminator (FedCG's cGAN).
+        hp: FedCG's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
+    Hparams = FedCGHparams
     training_only_state = ("generator", "discriminator")
 
     def __init__(
@@ -139,28 +158,11 @@ class FedCGClient(FedMDCGClient):
         model: nn.Module,
         num_classes: int,
         generator: ConditionalFeatureGenerator,
-        local_steps: int = 20,
-        generator_lr: float = 3e-4,
-        generator_weight_decay: float = 1e-4,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.05,
-        momentum: float = 0.0,
-        weight_decay: float = 1e-4,
-        conditional_discriminator: bool = True,
+        hp: Any = None,
+        **overrides: Any,
     ) -> None:
-        super().__init__(
-            model,
-            num_classes,
-            generator,
-            local_steps,
-            generator_lr,
-            generator_weight_decay,
-            optimizer=optimizer,
-            lr=lr,
-            momentum=momentum,
-            weight_decay=weight_decay,
-        )
-        self.discriminator = LatentDiscriminator(model.head, num_classes, conditional_discriminator)
+        super().__init__(model, num_classes, generator, hp, **overrides)
+        self.discriminator = LatentDiscriminator(model.head, num_classes, self.hp.conditional_discriminator)
 
     @property
     def automatic_optimization(self) -> bool:  # type: ignore[override]
@@ -172,7 +174,7 @@ class FedCGClient(FedMDCGClient):
         self._automatic_optimization = value  # the stage decides (the runtime sets the same value)
 
     def local_stages(self) -> Sequence[LocalStage]:
-        steps = self.local_steps
+        steps = self.hp.local_steps
         return (LocalStage("model", steps=steps), LocalStage("generator", steps=steps, manual=True))
 
     def on_train_start(self) -> None:
@@ -185,7 +187,7 @@ class FedCGClient(FedMDCGClient):
 
     def configure_optimizers(self):  # type: ignore[override]
         if self.generator_stage():
-            kwargs = {"lr": self.generator_lr, "weight_decay": self.generator_weight_decay}
+            kwargs = {"lr": self.hp.generator_lr, "weight_decay": self.hp.generator_weight_decay}
             return [
                 torch.optim.Adam(self.discriminator.parameters(), **kwargs),
                 torch.optim.Adam(self.generator.parameters(), **kwargs),
@@ -234,87 +236,14 @@ class FedCGClient(FedMDCGClient):
             copy_state_into(self.generator, download.generator)  # FedCG shares the generator itself
 
 
-class FedCG(FedMDCG):
-    """FedCG as FedMD-CG's baseline (cGAN clients, ``KD_agg`` server).
+class FedCG(GeneratorClassifierMethod):
+    """FedCG as FedMD-CG's baseline (cGAN clients, ``KD_agg`` server)."""
 
-    Args:
-        local_steps: mini-batches of each client stage per round (20).
-        server_steps: server distillation steps per round (20, code ``I_gen_gc``).
-        server_batch_size: labels per server step (64).
-        noise_dim: generator noise size (128).
-        generator_hidden: the generator's hidden widths.
-        noise: ``"gaussian"`` or ``"uniform"`` (code).
-        generator_lr: Adam learning rate of the cGAN (3e-4).
-        generator_weight_decay: its weight decay (1e-4).
-        server_lr: Adam learning rate of the server distillation (FedCG's code: 2e-4; the FedMD-CG
-            authors' baseline: 1e-3).
-        server_weight_decay: its weight decay (FedCG's code: 1e-5; the FedMD-CG authors': 1e-4).
-        server_temperature: ``T`` of the server KD (10).
-        server_kd_loss: ``"hinton"`` (FedCG: Hinton et al.'s KD, batch-mean KL times ``T^2``) or
-            ``"mean"`` (the FedMD-CG authors' ``KLDivLoss()`` element mean, no ``T^2``).
-        conditional_discriminator: condition the discriminator on ``y`` (FedCG's cGAN; the
-            FedMD-CG authors' baseline does not).
-        optimizer: optimizer of ``[F_i, D_i]``.
-        lr: its learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-    """
-
-    def __init__(
-        self,
-        local_steps: PositiveInt = 20,
-        server_steps: PositiveInt = 20,
-        server_batch_size: PositiveInt = 64,
-        noise_dim: PositiveInt = 128,
-        generator_hidden: tuple[int, int] = (512, 256),
-        noise: NoiseKind = "gaussian",
-        generator_lr: PositiveFloat = 3e-4,
-        generator_weight_decay: NonNegativeFloat = 1e-4,
-        server_lr: PositiveFloat = 2e-4,
-        server_weight_decay: NonNegativeFloat = 1e-5,
-        server_temperature: PositiveFloat = 10.0,
-        server_kd_loss: Literal["hinton", "mean"] = "hinton",
-        conditional_discriminator: bool = True,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.05,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 1e-4,
-    ) -> None:
-        super().__init__(
-            local_steps=local_steps,
-            server_steps=server_steps,
-            server_batch_size=server_batch_size,
-            noise_dim=noise_dim,
-            generator_hidden=generator_hidden,
-            noise=noise,
-            server_temperature=server_temperature,
-            aggregation="kd",
-            generator_lr=generator_lr,
-            generator_weight_decay=generator_weight_decay,
-            server_lr=server_lr,
-            server_weight_decay=server_weight_decay,
-            optimizer=optimizer,
-            lr=lr,
-            momentum=momentum,
-            weight_decay=weight_decay,
-        )
-        if server_kd_loss not in ("hinton", "mean"):
-            raise ConfigError(f"FedCG: server_kd_loss={server_kd_loss!r}; use 'hinton' or 'mean'")
-        self.server_kd_loss: Literal["hinton", "mean"] = server_kd_loss
-        self.conditional_discriminator = conditional_discriminator
-
-    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        self.feature_dim = int(model.num_features)  # type: ignore[arg-type]
-        return FedCGClient(
-            model,
-            num_classes,
-            self.make_generator(self.feature_dim, num_classes),
-            local_steps=self.local_steps,
-            generator_lr=self.generator_lr,
-            generator_weight_decay=self.generator_weight_decay,
-            conditional_discriminator=self.conditional_discriminator,
-            **self.optimizer_kwargs(),
-        )
+    Hparams = FedCGHparams
+    client_type = FedCGClient
 
     def build_server(self) -> ServerPhase:
-        return FedMDCGServer(self.make_generator, **{**self.server_kwargs(), "kd_reduction": self.server_kd_loss})
+        return GeneratorClassifierServer(self.make_generator, self.hp, aggregation="kd")
+
+
+__all__ = ["FedCG", "FedCGClient", "FedCGHparams", "LatentDiscriminator", "cubic_ramp"]

@@ -52,7 +52,7 @@ import copy
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -65,17 +65,26 @@ from fedhet.algorithms.base import (
     Capabilities,
     ClientModule,
     ClientUpload,
-    OptimizerName,
     ServerContext,
     ServerPhase,
     TrainableServerPhase,
+    hparams_for,
 )
 from fedhet.algorithms.common import state_with_prefix
 from fedhet.core.payloads import Payload, WeightsPayload, check_shape
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import TrainingError
 from fedhet.functional import distillation_kl_loss, diversity_loss, weighted_average
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
+from fedhet.hparams import (
+    Hyperparameters,
+    LocalOptimizer,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    categorical,
+    knob,
+    log_uniform,
+)
 from fedhet.seeding import derive_seed, seeded
 
 EnsembleWeighting = Literal["label", "samples"]
@@ -131,6 +140,36 @@ class FedGenDownload(Payload):
     label_counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
 
+@dataclass(frozen=True)
+class FedGenHparams(LocalOptimizer):
+    """FedGen's hyperparameters (defaults: FedKTL App. C and HtFLlib; the paper's where they differ)."""
+
+    noise_dim: PositiveInt = knob(32, "generator noise size (FedKTL App. C: 32)")
+    generator_hidden_dim: PositiveInt | None = knob(
+        None, "generator hidden width (None: the feature dimension, FedKTL App. C)"
+    )
+    generator_lr: PositiveFloat = knob(
+        0.1, "Adam learning rate of the generator (FedKTL App. C: 0.1)", log_uniform(1e-3, 1.0)
+    )
+    generator_steps: PositiveInt = knob(100, "generator steps per round (FedKTL App. C server epochs: 100)")
+    generator_batch_size: PositiveInt = knob(10, "labels per generator step (HtFLlib: the client batch size, 10)")
+    diversity_weight: NonNegativeFloat = knob(
+        1.0, "weight of the generator's diversity loss (paper: 1; HtFLlib: 0)", log_uniform(1e-2, 10.0)
+    )
+    ensemble_weighting: EnsembleWeighting = knob(
+        "label",
+        "ensemble weights a_k(y): label (paper, per-class shares) or samples (HtFLlib)",
+        categorical("label", "samples"),
+    )
+    generated_weight: NonNegativeFloat = knob(
+        1.0, "weight of the clients' generated-feature cross-entropy (HtFLlib: 1)", log_uniform(1e-2, 10.0)
+    )
+    latent_kl_weight: NonNegativeFloat = knob(
+        0.0, "weight of the clients' KL to head(G(z, y)) (official FedGen's user_latent_loss; HtFLlib: 0)"
+    )
+    latent_kl_temperature: PositiveFloat = knob(1.0, "its temperature (official FedGen: 1; FedMD-CG's code: 10)")
+
+
 class FedGenClient(ClientModule):
     """Cross-entropy plus the CE of generator-sampled features through the client's own head.
 
@@ -140,41 +179,23 @@ class FedGenClient(ClientModule):
         model: the backbone (its ``head`` is shared).
         num_classes: number of classes.
         generator: a generator of the server's architecture, refreshed by each download.
-        generated_weight: weight of the generated-feature cross-entropy (HtFLlib: 1).
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-        latent_kl_weight: weight of the KL to the head's output on generated features of the
-            batch's labels (official FedGen's ``user_latent_loss``; HtFLlib: 0).
-        latent_kl_temperature: its softmax temperature.
+        hp: FedGen's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
+    Hparams = FedGenHparams
     received_modules = ("generator",)
 
     def __init__(
-        self,
-        model: nn.Module,
-        num_classes: int,
-        generator: FeatureGenerator,
-        generated_weight: float = 1.0,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-        latent_kl_weight: float = 0.0,
-        latent_kl_temperature: float = 1.0,
+        self, model: nn.Module, num_classes: int, generator: FeatureGenerator, hp: Any = None, **overrides: Any
     ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+        super().__init__(model, num_classes, hp, **overrides)
         self.generator = generator.requires_grad_(False)
-        self.generated_weight = generated_weight
-        self.latent_kl_weight = latent_kl_weight
-        self.latent_kl_temperature = latent_kl_temperature
         self.label_distribution: Tensor | None = None
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
-        latent_kl = self.latent_kl_weight != 0.0 and self.label_distribution is not None and x.shape[0] > 1
+        latent_kl = self.hp.latent_kl_weight != 0.0 and self.label_distribution is not None and x.shape[0] > 1
         logits = self.model.forward_head(self.model.forward_features(x)) if latent_kl else self.model(x)
         loss = F.cross_entropy(logits, y)
         if latent_kl:  # the batch's own labels through the generator; BatchNorm needs two samples
@@ -182,15 +203,15 @@ class FedGenClient(ClientModule):
             with torch.no_grad():
                 same_labels, _ = self.generator(y)
                 target = self.model.forward_head(same_labels)
-            kl = distillation_kl_loss(logits, target, self.latent_kl_temperature)
-            loss = loss + self.latent_kl_weight * kl
-        if self.label_distribution is not None and self.generated_weight != 0.0:
+            kl = distillation_kl_loss(logits, target, self.hp.latent_kl_temperature)
+            loss = loss + self.hp.latent_kl_weight * kl
+        if self.label_distribution is not None and self.hp.generated_weight != 0.0:
             size = max(2, x.shape[0])  # BatchNorm in training mode needs two samples
             labels = torch.multinomial(self.label_distribution.to(x.device), size, replacement=True)
             self.generator.train()
             with torch.no_grad():
                 features, _ = self.generator(labels)
-            loss = loss + self.generated_weight * F.cross_entropy(self.model.forward_head(features), labels)
+            loss = loss + self.hp.generated_weight * F.cross_entropy(self.model.forward_head(features), labels)
         return loss
 
     def on_receive(self, download: Payload | None) -> None:
@@ -212,34 +233,19 @@ class FedGenClient(ClientModule):
 class FedGenServer(TrainableServerPhase):
     """Averages heads, then fits the feature generator against the ensemble of uploaded heads.
 
+    Reads ``noise_dim``, ``generator_hidden_dim``, ``generator_lr``, ``generator_steps``,
+    ``generator_batch_size``, ``diversity_weight`` and ``ensemble_weighting``.
+
     Args:
-        noise_dim: generator noise size.
-        hidden_dim: generator hidden width (``None``: the feature dimension).
-        lr: Adam learning rate of the generator.
-        steps: generator steps per round (HtFLlib's ``server_epochs``).
-        batch_size: labels per generator step (HtFLlib: the client batch size).
-        diversity_weight: weight of the diversity loss.
-        ensemble_weighting: ``"label"`` (paper, per-class shares) or ``"samples"`` (HtFLlib).
+        hp: FedGen's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(
-        self,
-        noise_dim: int = 32,
-        hidden_dim: int | None = None,
-        lr: float = 0.1,
-        steps: int = 100,
-        batch_size: int = 10,
-        diversity_weight: float = 1.0,
-        ensemble_weighting: EnsembleWeighting = "label",
-    ) -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = FedGenHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
-        self.noise_dim = noise_dim
-        self.hidden_dim = hidden_dim
-        self.lr = lr
-        self.steps = steps
-        self.batch_size = batch_size
-        self.diversity_weight = diversity_weight
-        self.ensemble_weighting: EnsembleWeighting = ensemble_weighting
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.num_classes = 0
         self.round_heads: list[dict[str, Tensor]] = []
         self.round_ensemble_weights: Tensor | None = None  # [K, C]
@@ -265,7 +271,7 @@ class FedGenServer(TrainableServerPhase):
         copy_state_into(self.global_head, head)
         with seeded(derive_seed(context.seed, "fedgen", "generator")):
             self.generator = FeatureGenerator(
-                self.noise_dim, self.num_classes, self.hidden_dim or feature_dim, feature_dim
+                self.hp.noise_dim, self.num_classes, self.hp.generator_hidden_dim or feature_dim, feature_dim
             )
         self.register_buffer(
             "client_label_counts", torch.zeros(context.num_clients, self.num_classes, dtype=torch.long)
@@ -284,7 +290,7 @@ class FedGenServer(TrainableServerPhase):
         examples = torch.tensor([float(u.payload.num_examples) for u in uploads], dtype=torch.float64)
         copy_state_into(self.global_head, weighted_average(heads, examples.tolist()))
         counts = torch.stack([u.payload.label_counts for u in uploads]).to(torch.float64)  # type: ignore[attr-defined]
-        if self.ensemble_weighting == "label":
+        if self.hp.ensemble_weighting == "label":
             weights = counts / counts.sum(0, keepdim=True).clamp_min(1.0)
         else:
             weights = (examples / examples.sum()).unsqueeze(1).expand_as(counts)
@@ -297,8 +303,9 @@ class FedGenServer(TrainableServerPhase):
     def server_dataloader(self, seed: int) -> DataLoader:
         if self.round_counts is None:
             raise TrainingError("FedGen's server was fitted before any upload arrived")
-        labels = torch.multinomial(self.round_counts, self.steps * self.batch_size, replacement=True)
-        return DataLoader(TensorDataset(labels), batch_size=self.batch_size, shuffle=False)
+        steps, batch_size = self.hp.generator_steps, self.hp.generator_batch_size
+        labels = torch.multinomial(self.round_counts, steps * batch_size, replacement=True)
+        return DataLoader(TensorDataset(labels), batch_size=batch_size, shuffle=False)
 
     def ensemble_logits(self, features: Tensor, labels: Tensor) -> Tensor:
         """``sum_k a_k(y) head_k(features)`` over this round's uploaded heads."""
@@ -316,8 +323,8 @@ class FedGenServer(TrainableServerPhase):
         """Ensemble cross-entropy of generated features plus the weighted diversity loss."""
         features, noise = self.generator(labels)
         loss = F.cross_entropy(self.ensemble_logits(features, labels), labels)
-        if self.diversity_weight != 0.0:
-            loss = loss + self.diversity_weight * diversity_loss(noise, features)
+        if self.hp.diversity_weight != 0.0:
+            loss = loss + self.hp.diversity_weight * diversity_loss(noise, features)
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
@@ -332,7 +339,9 @@ class FedGenServer(TrainableServerPhase):
         self.rounds_trained += 1
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        return torch.optim.Adam(
+            self.generator.parameters(), lr=self.hp.generator_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
+        )
 
     # ------------------------------------------------------------------ download
     def download_for(self, client_id: int) -> FedGenDownload | None:
@@ -349,79 +358,31 @@ class FedGenServer(TrainableServerPhase):
 
 
 class FedGen(Algorithm):
-    """FedGen, heterogeneous form (HtFLlib): shared heads over one feature dimension.
+    """FedGen, heterogeneous form (HtFLlib): shared heads over one feature dimension."""
 
-    Args:
-        noise_dim: generator noise size (FedKTL App. C: 32).
-        generator_hidden_dim: generator hidden width (``None``: the feature dimension, FedKTL App. C).
-        generator_lr: Adam learning rate of the generator (FedKTL App. C: 0.1).
-        generator_steps: generator steps per round (FedKTL App. C "server epochs": 100).
-        generator_batch_size: labels per generator step (HtFLlib: the client batch size, 10).
-        diversity_weight: weight of the diversity loss (paper / official code: 1; HtFLlib: 0).
-        ensemble_weighting: ``"label"`` (paper, per-class shares) or ``"samples"`` (HtFLlib).
-        generated_weight: weight of the clients' generated-feature cross-entropy (HtFLlib: 1).
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
-        latent_kl_weight: weight of the clients' KL to ``head(G(z, y))`` (official FedGen's
-            ``user_latent_loss``; HtFLlib and the default: 0).
-        latent_kl_temperature: its temperature (official FedGen: 1; FedMD-CG's code: 10).
-    """
-
+    Hparams = FedGenHparams
+    client_type = FedGenClient
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
     upload_type = HeadCountsPayload
     download_type = FedGenDownload
 
-    def __init__(
-        self,
-        noise_dim: PositiveInt = 32,
-        generator_hidden_dim: PositiveInt | None = None,
-        generator_lr: PositiveFloat = 0.1,
-        generator_steps: PositiveInt = 100,
-        generator_batch_size: PositiveInt = 10,
-        diversity_weight: NonNegativeFloat = 1.0,
-        ensemble_weighting: EnsembleWeighting = "label",
-        generated_weight: NonNegativeFloat = 1.0,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-        latent_kl_weight: NonNegativeFloat = 0.0,
-        latent_kl_temperature: PositiveFloat = 1.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.latent_kl_weight = latent_kl_weight
-        self.latent_kl_temperature = latent_kl_temperature
-        self.noise_dim = noise_dim
-        self.generator_hidden_dim = generator_hidden_dim
-        self.generator_lr = generator_lr
-        self.generator_steps = generator_steps
-        self.generator_batch_size = generator_batch_size
-        self.diversity_weight = diversity_weight
-        self.ensemble_weighting: EnsembleWeighting = ensemble_weighting
-        self.generated_weight = generated_weight
-
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         feature_dim = int(model.num_features)  # type: ignore[arg-type]
-        generator = FeatureGenerator(self.noise_dim, num_classes, self.generator_hidden_dim or feature_dim, feature_dim)
-        return FedGenClient(
-            model,
-            num_classes,
-            generator,
-            self.generated_weight,
-            **self.optimizer_kwargs(),
-            latent_kl_weight=self.latent_kl_weight,
-            latent_kl_temperature=self.latent_kl_temperature,
-        )
+        hidden = self.hp.generator_hidden_dim or feature_dim
+        generator = FeatureGenerator(self.hp.noise_dim, num_classes, hidden, feature_dim)
+        return FedGenClient(model, num_classes, generator, self.hp)
 
     def build_server(self) -> ServerPhase:
-        return FedGenServer(
-            noise_dim=self.noise_dim,
-            hidden_dim=self.generator_hidden_dim,
-            lr=self.generator_lr,
-            steps=self.generator_steps,
-            batch_size=self.generator_batch_size,
-            diversity_weight=self.diversity_weight,
-            ensemble_weighting=self.ensemble_weighting,
-        )
+        return FedGenServer(self.hp)
+
+
+__all__ = [
+    "EnsembleWeighting",
+    "FeatureGenerator",
+    "FedGen",
+    "FedGenClient",
+    "FedGenDownload",
+    "FedGenHparams",
+    "FedGenServer",
+    "HeadCountsPayload",
+]

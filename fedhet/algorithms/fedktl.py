@@ -71,7 +71,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -83,15 +83,23 @@ from fedhet.algorithms.base import (
     Capabilities,
     ClientModule,
     ClientUpload,
-    OptimizerName,
     ServerContext,
     ServerPhase,
     TrainableServerPhase,
+    hparams_for,
 )
 from fedhet.core.payloads import ClassStatsPayload, Payload, check_shape
-from fedhet.errors import TrainingError
+from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional import arcface_logits, class_means, etf_cosines, rbf_mmd2, simplex_etf, unit_class_prototypes
-from fedhet.hparams import Momentum, NonNegativeFloat, PositiveFloat, PositiveInt
+from fedhet.hparams import (
+    Hyperparameters,
+    LocalOptimizer,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    knob,
+    log_uniform,
+)
 from fedhet.seeding import derive_seed, seeded
 
 if TYPE_CHECKING:
@@ -176,6 +184,46 @@ def _load_generator(name: str) -> GeneratorAdapter:
     return load_generator(name)
 
 
+@dataclass(frozen=True)
+class FedKTLHparams(LocalOptimizer):
+    """FedKTL's hyperparameters (the paper's defaults; the official code's where the paper gives none)."""
+
+    mu: NonNegativeFloat = knob(
+        50.0, "weight of the latent regression task L^M on the downloaded pairs (paper: 50)", log_uniform(0.1, 500.0)
+    )
+    centroid_weight: NonNegativeFloat = knob(
+        1.0, "lambda, weight of the server's MSE to the class centroids (paper: 1)", log_uniform(0.01, 100.0)
+    )
+    scale: PositiveFloat = knob(64.0, "ArcFace scale s (paper: 64)")
+    margin: NonNegativeFloat = knob(0.5, "ArcFace additive angular margin m in radians (paper: 0.5)")
+    etf_dim: PositiveInt | None = knob(None, "K, size of the ETF space (None: the number of classes, the paper)")
+    generator: str = knob(
+        "untrained",
+        "frozen generator: untrained (no artifact; not the paper), embedded-stylegan (configs), "
+        "embedded-stylegan-pool, stylegan-pkl:<path> or stable-diffusion:<dir>",
+    )
+    server_lr: PositiveFloat = knob(
+        0.01, "Adam learning rate eta_S of the feature transformer (paper: 0.01)", log_uniform(1e-4, 0.1)
+    )
+    server_epochs: PositiveInt = knob(100, "passes E_S over the prototypes per round (paper: 100)")
+    server_batch_size: PositiveInt = knob(100, "B_S, prototypes per server step (paper: 100; >= 2 for BatchNorm)")
+    mmd_bandwidths: tuple[PositiveFloat, ...] = knob(
+        (10.0, 15.0, 20.0, 50.0), "the a_k of the RBF-sum MMD kernel (code: 10, 15, 20, 50)"
+    )
+    centroid_mode: CentroidMode = knob("learned_table", "learned_table (code) or exact_mean (paper Eq. 2)")
+    prototype_mode: PrototypeMode = knob("unit", "unit (code: normalised prototypes) or mean (paper)")
+    use_latent_task: bool = knob(True, "train on the downloaded pairs (False: the -L^M ablation)")
+    use_etf: bool = knob(True, "fixed ETF with ArcFace (False: the -ETF ablation, original classifier)")
+    grad_clip_norm: PositiveFloat | None = knob(
+        100.0, "gradient norm clip of client model, h'_i, F and centroids, each separately (code: 100)"
+    )
+    shared_seed: int = knob(0, "public seed of the ETF and of h'_i's initialisation, shared by all parties")
+
+    def check(self) -> None:
+        if self.server_batch_size < 2:
+            raise ConfigError(f"server_batch_size={self.server_batch_size} must be >= 2 (BatchNorm in F)")
+
+
 # ---------------------------------------------------------------------------------------------
 # Client
 # ---------------------------------------------------------------------------------------------
@@ -183,6 +231,10 @@ def _load_generator(name: str) -> GeneratorAdapter:
 
 class FedKTLClient(ClientModule):
     """ArcFace against a fixed ETF, plus regressing the server's latents from its generated images.
+
+    Reads ``scale``, ``margin``, ``mu``, ``use_latent_task`` (build ``h'_i`` and train on the
+    downloaded pairs), ``prototype_mode`` and ``grad_clip_norm`` (model and ``h'_i`` clipped
+    separately) of :class:`FedKTLHparams`.
 
     Args:
         model: the backbone; its ``head`` is replaced by the projection ``h_i = Linear(K', K)``
@@ -192,18 +244,11 @@ class FedKTLClient(ClientModule):
             trainable classifier and cross-entropy; prototypes in feature space).
         latent_dim: ``H``, the generator's latent size (output of ``h'_i``).
         latent_head_seed: seed of ``h'_i``'s initialisation, shared by every client.
-        scale: ArcFace scale ``s``.
-        margin: ArcFace additive angular margin ``m`` (radians).
-        mu: weight of the latent regression task.
-        use_latent_task: build ``h'_i`` and train on downloaded pairs ("-L^M" when ``False``).
-        prototype_mode: ``"unit"`` (official code) or ``"mean"`` (paper).
-        grad_clip_norm: clip model and ``h'_i`` gradients separately to this norm (``None``: off).
-        optimizer: local optimizer.
-        lr: local learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+        hp: FedKTL's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
+    Hparams = FedKTLHparams
     #: ``h'_i`` is re-initialised from a shared seed every round (the code), never kept.
     received_modules = ("latent_head",)
 
@@ -214,18 +259,10 @@ class FedKTLClient(ClientModule):
         etf: Tensor | None,
         latent_dim: int,
         latent_head_seed: int,
-        scale: float = 64.0,
-        margin: float = 0.5,
-        mu: float = 50.0,
-        use_latent_task: bool = True,
-        prototype_mode: PrototypeMode = "unit",
-        grad_clip_norm: float | None = 100.0,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        hp: Any = None,
+        **overrides: Any,
     ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+        super().__init__(model, num_classes, hp, **overrides)
         num_features = int(model.num_features)
         self.use_etf = etf is not None
         if etf is not None:
@@ -234,13 +271,8 @@ class FedKTLClient(ClientModule):
             self.model.head = nn.Linear(num_features, etf.shape[0])  # h_i in the classifier's position
             # A constant rebuilt from the shared seed: identical everywhere, never trained or stored.
             self.register_buffer("etf", etf.detach().clone().float(), persistent=False)
-        self.scale = scale
-        self.margin = margin
-        self.mu = mu
-        self.prototype_mode: PrototypeMode = prototype_mode
-        self.grad_clip_norm = grad_clip_norm
         self.latent_head_seed = latent_head_seed
-        self.latent_head = nn.Linear(num_features, latent_dim) if use_latent_task else None
+        self.latent_head = nn.Linear(num_features, latent_dim) if self.hp.use_latent_task else None
         self.reset_latent_head()
         self.pair_images: Tensor | None = None
         self.pair_latents: Tensor | None = None
@@ -285,7 +317,7 @@ class FedKTLClient(ClientModule):
         """``L_A``: ArcFace against the ETF (cross-entropy on the logits without it)."""
         if not self.use_etf:
             return F.cross_entropy(projected, y)
-        logits = arcface_logits(etf_cosines(projected.float(), self.etf), y, self.scale, self.margin)
+        logits = arcface_logits(etf_cosines(projected.float(), self.etf), y, self.hp.scale, self.hp.margin)
         return F.cross_entropy(logits, y)
 
     def next_pairs(self, batch_size: int) -> tuple[Tensor, Tensor]:
@@ -312,18 +344,18 @@ class FedKTLClient(ClientModule):
         x, y = batch
         _, projected = self.embed(x)
         loss = self.classification_loss(projected, y)
-        if self.latent_head is not None and self.pair_latents is not None and self.mu != 0.0:
+        if self.latent_head is not None and self.pair_latents is not None and self.hp.mu != 0.0:
             images, latents = self.next_pairs(x.shape[0])
             predicted = self.latent_head(self.model.forward_features(images))
-            loss = loss + self.mu * F.mse_loss(predicted, latents)
+            loss = loss + self.hp.mu * F.mse_loss(predicted, latents)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.grad_clip_norm is None:
+        if self.hp.grad_clip_norm is None:
             return
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.hp.grad_clip_norm)
         if self.latent_head is not None:
-            nn.utils.clip_grad_norm_(self.latent_head.parameters(), self.grad_clip_norm)
+            nn.utils.clip_grad_norm_(self.latent_head.parameters(), self.hp.grad_clip_norm)
 
     # ------------------------------------------------------------------ federation hooks
     def on_receive(self, download: Payload | None) -> None:
@@ -343,7 +375,7 @@ class FedKTLClient(ClientModule):
         if not vectors:
             raise TrainingError("a FedKTL client without training data cannot upload prototypes")
         embeddings, targets = torch.cat(vectors), torch.cat(labels)
-        if self.prototype_mode == "unit":
+        if self.hp.prototype_mode == "unit":
             prototypes, counts = unit_class_prototypes(embeddings, targets, self.num_classes)
         else:
             prototypes, counts = class_means(embeddings, targets, self.num_classes)
@@ -358,47 +390,29 @@ class FedKTLClient(ClientModule):
 class FedKTLServer(TrainableServerPhase):
     """Domain alignment of prototypes to the generator's W, then one generated pair per class.
 
+    Reads ``centroid_weight`` (``lambda``), ``server_lr`` (Adam's ``eta_S``), ``server_epochs``
+    (``E_S``), ``server_batch_size`` (``B_S``), ``mmd_bandwidths``, ``centroid_mode``,
+    ``grad_clip_norm`` (``F`` and the centroid table clipped separately) and, for the prototypes'
+    size, ``use_etf`` and ``etf_dim`` of :class:`FedKTLHparams`: ``K = etf_dim`` (``None``: the
+    number of classes) with the ETF, the clients' feature size without it (the "-ETF" ablation,
+    read from the clients' initial state).
+
     Args:
         generator: the frozen generator (``sample_w`` and ``synthesize``).
-        prototype_dim: ``K`` of the uploaded prototypes; ``None`` = ``num_classes`` (ETF with
-            ``K = C``), or the feature size when ``in_feature_space``.
-        in_feature_space: prototypes are backbone features (the "-ETF" ablation); their size is
-            read from the clients' initial state.
-        centroid_weight: ``lambda``, weight of the MSE to the class centroids.
-        lr: Adam learning rate ``eta_S``.
-        epochs: passes ``E_S`` over the prototypes per round.
-        batch_size: ``B_S``.
-        mmd_bandwidths: the ``a_k`` of the MMD kernel.
-        centroid_mode: ``"learned_table"`` (code) or ``"exact_mean"`` (paper).
-        grad_clip_norm: clip ``F`` and the centroid table separately (``None``: off).
+        hp: FedKTL's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(
-        self,
-        generator: GeneratorAdapter,
-        prototype_dim: int | None = None,
-        in_feature_space: bool = False,
-        centroid_weight: float = 1.0,
-        lr: float = 0.01,
-        epochs: int = 100,
-        batch_size: int = 100,
-        mmd_bandwidths: Sequence[float] = (10.0, 15.0, 20.0, 50.0),
-        centroid_mode: CentroidMode = "learned_table",
-        grad_clip_norm: float | None = 100.0,
-    ) -> None:
+    Hparams: ClassVar[type[Hyperparameters]] = FedKTLHparams
+
+    def __init__(self, generator: GeneratorAdapter, hp: Any = None, **overrides: Any) -> None:
         super().__init__()
-        if epochs < 1 or batch_size < 2:
-            raise ValueError(f"server_epochs={epochs} must be >= 1 and server_batch_size={batch_size} >= 2 (BatchNorm)")
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.generator = generator
-        self.prototype_dim = prototype_dim
-        self.in_feature_space = in_feature_space
-        self.centroid_weight = centroid_weight
-        self.lr = lr
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.mmd_bandwidths = tuple(float(a) for a in mmd_bandwidths)
-        self.centroid_mode: CentroidMode = centroid_mode
-        self.grad_clip_norm = grad_clip_norm
+        #: ``K``, known at set-up (the number of classes, or the feature size in the -ETF ablation)
+        self.prototype_dim: int | None = self.hp.etf_dim if self.hp.use_etf else None
+        self.in_feature_space = not self.hp.use_etf
+        self.mmd_bandwidths = tuple(float(a) for a in self.hp.mmd_bandwidths)
         self.num_classes = 0
         self.transformer: nn.Sequential | None = None
         self.centroids: nn.Embedding | None = None
@@ -493,8 +507,8 @@ class FedKTLServer(TrainableServerPhase):
         self.image_spec = (data_format.image_size, data_format.channels, data_format.mean, data_format.std)
         order_rng = torch.Generator().manual_seed(seed)
         batches = []
-        for _ in range(self.epochs):
-            for chunk in torch.randperm(len(self.prototypes), generator=order_rng).split(self.batch_size):
+        for _ in range(self.hp.server_epochs):
+            for chunk in torch.randperm(len(self.prototypes), generator=order_rng).split(self.hp.server_batch_size):
                 if len(chunk) > 1:
                     batches.append(chunk)
         return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
@@ -503,10 +517,10 @@ class FedKTLServer(TrainableServerPhase):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         assert self.transformer is not None and self.centroids is not None
         params = list(self.transformer.parameters())
-        if self.centroid_mode == "learned_table":
+        if self.hp.centroid_mode == "learned_table":
             params += list(self.centroids.parameters())
         # Re-created by every fit, so Adam's moments restart every round as in the code.
-        return torch.optim.Adam(params, lr=self.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        return torch.optim.Adam(params, lr=self.hp.server_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
     def server_losses(self, index: Tensor) -> dict[str, Tensor]:
         """MMD to fresh generator latents and MSE to the centroids for the prototypes ``index``."""
@@ -514,7 +528,7 @@ class FedKTLServer(TrainableServerPhase):
         prototypes = self.prototypes.to(self.device)
         labels = self.prototype_labels.to(self.device)
         index = index.to(self.device)
-        if self.centroid_mode == "exact_mean":
+        if self.hp.centroid_mode == "exact_mean":
             mapped_all = self.transformer(prototypes)
             targets, _ = class_means(mapped_all, labels, self.num_classes)
             mapped, target = mapped_all[index], targets[labels[index]]
@@ -524,7 +538,7 @@ class FedKTLServer(TrainableServerPhase):
             latents = self.generator.sample_w(len(index)).to(mapped.device, mapped.dtype)
         mmd = rbf_mmd2(mapped, latents, self.mmd_bandwidths)
         mse = F.mse_loss(mapped, target)
-        return {"loss": mmd + self.centroid_weight * mse, "mmd": mmd, "mse": mse}
+        return {"loss": mmd + self.hp.centroid_weight * mse, "mmd": mmd, "mse": mse}
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         losses = self.server_losses(batch)
@@ -535,9 +549,9 @@ class FedKTLServer(TrainableServerPhase):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         assert self.transformer is not None and self.centroids is not None
-        if self.grad_clip_norm is not None:
-            nn.utils.clip_grad_norm_(self.transformer.parameters(), self.grad_clip_norm)
-            nn.utils.clip_grad_norm_(self.centroids.parameters(), self.grad_clip_norm)
+        if self.hp.grad_clip_norm is not None:
+            nn.utils.clip_grad_norm_(self.transformer.parameters(), self.hp.grad_clip_norm)
+            nn.utils.clip_grad_norm_(self.centroids.parameters(), self.hp.grad_clip_norm)
 
     # ------------------------------------------------------------------ steps 5c and 6
     def on_train_end(self) -> None:
@@ -584,120 +598,49 @@ class FedKTLServer(TrainableServerPhase):
 
 
 class FedKTL(Algorithm):
-    """FedKTL (heterogeneous models; one feature dimension ``K'`` through ``feature_dim``).
+    """FedKTL (heterogeneous models; one feature dimension ``K'`` through ``feature_dim``)."""
 
-    Args:
-        mu: weight of the latent regression task ``L^M`` on the downloaded pairs (paper: 50).
-        centroid_weight: ``lambda``, weight of the server's MSE to the class centroids (paper: 1).
-        scale: ArcFace scale ``s`` (paper: 64).
-        margin: ArcFace additive angular margin ``m`` in radians (paper: 0.5).
-        etf_dim: ``K``, size of the ETF space; ``None`` = number of classes (paper default).
-        generator: frozen generator by name: ``"untrained"`` (class default, needs no artifact;
-            does not reproduce the paper), ``"embedded-stylegan"`` (configs) or
-            ``"embedded-stylegan-pool"`` (both built on first use), ``"stylegan-pkl:<path>"``
-            or ``"stable-diffusion:<dir>"``.
-        server_lr: Adam learning rate ``eta_S`` of the feature transformer (paper: 0.01).
-        server_epochs: passes ``E_S`` over the prototypes per round (paper: 100).
-        server_batch_size: ``B_S`` (paper: 100).
-        mmd_bandwidths: the ``a_k`` of the RBF-sum MMD kernel (code: 10, 15, 20, 50).
-        centroid_mode: ``"learned_table"`` (code) or ``"exact_mean"`` (paper Eq. 2).
-        prototype_mode: ``"unit"`` (code: normalised prototypes) or ``"mean"`` (paper).
-        use_latent_task: train on the downloaded pairs ("-L^M" ablation when ``False``).
-        use_etf: fixed ETF with ArcFace; ``False`` is the "-ETF" ablation (original classifier).
-        grad_clip_norm: gradient norm clip of client model, ``h'_i``, ``F`` and centroids (code: 100).
-        shared_seed: public seed of the ETF and of ``h'_i``'s initialisation, shared by all parties.
-        optimizer: local optimizer, ``"sgd"``, ``"adam"`` or ``"adamw"``.
-        lr: local learning rate (paper: 0.01).
-        momentum: SGD momentum (code: 0).
-        weight_decay: L2 weight decay (code: 0).
-    """
-
+    Hparams = FedKTLHparams
+    client_type = FedKTLClient
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True)
     upload_type = ClassStatsPayload
     download_type = GeneratedPairsPayload
-
-    def __init__(
-        self,
-        mu: NonNegativeFloat = 50.0,
-        centroid_weight: NonNegativeFloat = 1.0,
-        scale: PositiveFloat = 64.0,
-        margin: NonNegativeFloat = 0.5,
-        etf_dim: PositiveInt | None = None,
-        generator: str = "untrained",
-        server_lr: PositiveFloat = 0.01,
-        server_epochs: PositiveInt = 100,
-        server_batch_size: PositiveInt = 100,
-        mmd_bandwidths: tuple[PositiveFloat, ...] = (10.0, 15.0, 20.0, 50.0),
-        centroid_mode: CentroidMode = "learned_table",
-        prototype_mode: PrototypeMode = "unit",
-        use_latent_task: bool = True,
-        use_etf: bool = True,
-        grad_clip_norm: PositiveFloat | None = 100.0,
-        shared_seed: int = 0,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        self.mu = mu
-        self.centroid_weight = centroid_weight
-        self.scale = scale
-        self.margin = margin
-        self.etf_dim = etf_dim
-        self.generator = generator
-        self.server_lr = server_lr
-        self.server_epochs = server_epochs
-        self.server_batch_size = server_batch_size
-        self.mmd_bandwidths = tuple(mmd_bandwidths)
-        self.centroid_mode: CentroidMode = centroid_mode
-        self.prototype_mode: PrototypeMode = prototype_mode
-        self.use_latent_task = use_latent_task
-        self.use_etf = use_etf
-        self.grad_clip_norm = grad_clip_norm
-        self.shared_seed = shared_seed
-        self._generator: GeneratorAdapter | None = None
+    _generator: GeneratorAdapter | None = None
 
     def frozen_generator(self) -> GeneratorAdapter:
         """The generator, loaded once per run and shared by the server and the clients' ``H``."""
         if self._generator is None:
-            self._generator = _load_generator(self.generator)
+            self._generator = _load_generator(self.hp.generator)
         return self._generator
 
     def etf(self, num_classes: int) -> Tensor:
         """The shared simplex ETF ``[K, C]``, from ``shared_seed`` (identical on every party)."""
-        dim = self.etf_dim or num_classes
-        seed = derive_seed(self.shared_seed, "fedktl-etf", num_classes, dim)
+        dim = self.hp.etf_dim or num_classes
+        seed = derive_seed(self.hp.shared_seed, "fedktl-etf", num_classes, dim)
         return simplex_etf(num_classes, dim, torch.Generator().manual_seed(seed))
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         return FedKTLClient(
             model,
             num_classes,
-            etf=self.etf(num_classes) if self.use_etf else None,
+            etf=self.etf(num_classes) if self.hp.use_etf else None,
             latent_dim=self.frozen_generator().latent_dim,
-            latent_head_seed=derive_seed(self.shared_seed, "fedktl-latent-head"),
-            scale=self.scale,
-            margin=self.margin,
-            mu=self.mu,
-            use_latent_task=self.use_latent_task,
-            prototype_mode=self.prototype_mode,
-            grad_clip_norm=self.grad_clip_norm,
-            **self.optimizer_kwargs(),
+            latent_head_seed=derive_seed(self.hp.shared_seed, "fedktl-latent-head"),
+            hp=self.hp,
         )
 
     def build_server(self) -> ServerPhase:
-        if self.generator == "untrained":
+        if self.hp.generator == "untrained":
             log.warning("FedKTL uses the untrained generator: fine for tests, but it does not reproduce the paper")
-        return FedKTLServer(
-            self.frozen_generator(),
-            prototype_dim=self.etf_dim if self.use_etf else None,
-            in_feature_space=not self.use_etf,
-            centroid_weight=self.centroid_weight,
-            lr=self.server_lr,
-            epochs=self.server_epochs,
-            batch_size=self.server_batch_size,
-            mmd_bandwidths=self.mmd_bandwidths,
-            centroid_mode=self.centroid_mode,
-            grad_clip_norm=self.grad_clip_norm,
-        )
+        return FedKTLServer(self.frozen_generator(), self.hp)
+
+
+__all__ = [
+    "FedKTL",
+    "FedKTLClient",
+    "FedKTLHparams",
+    "FedKTLServer",
+    "GeneratedPairsPayload",
+    "shared_linear_init",
+    "to_client_images",
+]

@@ -85,11 +85,11 @@ from fedhet.algorithms.base import (
     ClientModule,
     ClientUpload,
     LocalStage,
-    OptimizerName,
     RunPhase,
     ServerContext,
     ServerPhase,
     build_optimizer,
+    hparams_for,
 )
 from fedhet.algorithms.common import batch_norm_layers, freeze_batch_norm, state_with_prefix
 from fedhet.core.payloads import Payload, check_like, check_shape
@@ -106,7 +106,16 @@ from fedhet.functional.vtc import (
     reconstruction_error,
     reparameterize,
 )
-from fedhet.hparams import Momentum, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from fedhet.hparams import (
+    Hyperparameters,
+    LocalOptimizer,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    knob,
+    log_uniform,
+)
 from fedhet.seeding import derive_seed
 
 #: The run phase in which every client uploads its VTC once and receives the global one.
@@ -280,8 +289,93 @@ class VTCPayload(Payload):
             check_like(sender, "vtc", self.vtc, reference_vtc, "the VTC")
 
 
+@dataclass(frozen=True)
+class FedVTCHparams(LocalOptimizer):
+    """FedVTC's hyperparameters (the paper's values; every departure from it is a documented deviation).
+
+    ``dm_trains_extractor=False`` keeps ``L_dm`` in the VTC's step (B) only: pulling the features
+    of generated images onto the prototypes also scales up the extractor, the prototypes (the
+    features' means) follow, and at CPU budgets they drift outward round after round until the
+    averaged VTC decodes no class; off, the drift slows but does not stop (docs/fedvtc.md, "Why:
+    the prototypes drift outward"). ``prototype_scale="anchors"`` (needs ``initial_prototype_sd >
+    0``) rescales each round's prototypes by one common factor to the seeded anchors' mean norm,
+    keeping their directions and ratios: a diagnostic that removes the drift while leaving
+    ``L_dm`` in both steps. ``prior_sd`` below 1 matches the prior and the sampling noise to small
+    extractors' feature scale, without which the VTC collapses to the mean digit; ``kl_warmup_rounds``
+    lets the first prototypes come from class-distinct features rather than from features pulled
+    onto the zero initial prototypes; ``initial_prototype_sd`` gives every extractor one
+    class-distinct target from the first step (docs/fedvtc.md). ``alternate`` is a granularity the
+    paper leaves open (spec 8 #5); both make the same passes per epoch, so they cost the same.
+    """
+
+    dm_weight: NonNegativeFloat = knob(
+        0.1, "lambda, weight of the distribution-matching loss (0.1; 0 is L_e only)", log_uniform(1e-3, 10.0)
+    )
+    dm_trains_extractor: bool = knob(True, "L_dm also steps the extractor in step (A) (True: Algorithm 1)")
+    alternate: Alternation = knob(
+        "batch", "alternating optimisation per mini-batch (batch: spec default) or per local epoch (epoch)"
+    )
+    prototype_scale: PrototypeScale = knob(
+        "free", "free (paper: owners' feature means) or anchors (rescaled to the anchors' mean norm; a deviation)"
+    )
+    prior_sd: PositiveFloat = knob(
+        1.0, "tau, SD of the class prior N(c^y, tau^2 I) and the initial sigma (1: the paper)", log_uniform(0.01, 1.0)
+    )
+    kl_weight: NonNegativeFloat = knob(
+        1.0, "beta, weight of the KL term in L_tc (1: the paper's ELBO)", log_uniform(1e-3, 1.0)
+    )
+    kl_warmup_rounds: NonNegativeInt = knob(0, "federated rounds at the start with the KL off (0: the paper)")
+    initial_prototype_sd: NonNegativeFloat = knob(
+        0.0, "SD of seeded class anchors N(0, sd^2 I), the prototypes before any upload (0: Table 5's zeros)"
+    )
+    latent_channels: PositiveInt = knob(20, "C0 of the latent (C0, H/4, W/4) (MNIST 20, CIFAR 64, Tiny-ImageNet 128)")
+    vtc_channels: tuple[int, int, int] = knob(
+        (16, 32, 32), "output channels of the VTC's first three layers (Table 6: MNIST 16, 32, 32)"
+    )
+    vtc_out_channels: PositiveInt | None = knob(
+        None, "image channels the VTC emits (None: the scenario's; 1 for the paper's MNIST decoder)"
+    )
+    vtc_init_seed: int = knob(0, "seed of the VTC and initial-prototype initialisation, common to every client")
+    reduction: Reduction = knob("class_mean_sum", "class_mean_sum (Eq. 4-5) or batch_mean")
+    element_reduction: ElementReduction = knob(
+        "sum", "sum over pixels and latent dimensions (Eq. 3-5) or mean (spec 9.1's opt-in; a deviation)"
+    )
+    vtc_lr: PositiveFloat | None = knob(
+        None, "learning rate of the VTC and the SD (None: lr, Algorithm 1's single eta; a deviation when set)"
+    )
+    psi_sync: PsiSync = knob("once", "once (paper, after the rounds) or every_round (Table 3)")
+    synthetic_per_class: PositiveInt = knob(50, "S / C (50 on MNIST and CIFAR-10, 10 on CIFAR-100, 5 on Tiny)")
+    finetune_rounds: NonNegativeInt = knob(5, "fine-tuning rounds (5; 0 skips fine-tuning and the VTC upload)")
+    finetune_mode: FinetuneMode = knob(
+        "epochs", "epochs (one round = finetune_epochs epochs) or literal_fullbatch (one full-batch step per round)"
+    )
+    finetune_epochs: PositiveInt = knob(5, "epochs per fine-tuning round (E = 5 in the paper)")
+    finetune_batch_size: PositiveInt = knob(16, "fine-tuning mini-batch size (16)")
+    finetune_lr: PositiveFloat | None = knob(
+        None, "learning rate of the fine-tuning (None: lr, Algorithm 1's single eta; a deviation when set)"
+    )
+    synthetic_bn: SyntheticBN = knob(
+        "running", "BatchNorm statistics of the synthetic decode: running (eval, spec 8 #9) or batch (a deviation)"
+    )
+    finetune_bn: FinetuneBN = knob(
+        "train", "classifier BatchNorm while fine-tuning: train (ordinary) or frozen (real-data statistics kept)"
+    )
+    max_grad_norm: PositiveFloat | None = knob(
+        None, "clip each alternating and fine-tuning step's gradient to this norm (None: off, the paper)"
+    )
+
+    def check(self) -> None:
+        if len(self.vtc_channels) != 3 or min(self.vtc_channels) < 1:
+            raise ConfigError(f"vtc_channels={self.vtc_channels} must be three positive channel counts")
+        if self.prototype_scale == "anchors" and self.initial_prototype_sd == 0.0:
+            raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS.removeprefix("FedVTC: "))
+
+
 class FedVTCClient(ClientModule):
     """A FedVTC client: classifier ``f_k = h_k o g_k``, VTC ``psi_k`` and ``log sigma_k``.
+
+    It reads FedVTC's hyperparameters (:class:`FedVTCHparams`); ``prior_sd`` is also the initial
+    ``sigma_k``, and ``vtc_init_seed`` seeds the initial prototypes (the same on every client).
 
     Args:
         model: a backbone whose ``forward_features`` emits ``p = prod(latent_shape)`` features.
@@ -289,34 +383,11 @@ class FedVTCClient(ClientModule):
         vtc: the client's VTC decoder (same architecture and initialisation on every client).
         pixel_mean: per-channel normalisation mean of the scenario.
         pixel_std: per-channel normalisation SD of the scenario.
-        dm_weight: lambda, weight of the distribution-matching loss (0: the ``L_e`` variant).
-        dm_trains_extractor: ``L_dm`` in the extractor's step (A) too (True: Algorithm 1).
-        alternate: ``"batch"`` (steps A and B on every mini-batch) or ``"epoch"`` (a pass of A, then
-            a pass of B over the same mini-batches, every local epoch).
-        prior_sd: ``tau``, SD of the class prior ``N(c^y, tau^2 I)`` and the initial ``sigma_k`` (1: the paper).
-        kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO).
-        kl_warmup_rounds: first federated rounds with the KL off (0: the paper).
-        initial_prototype_sd: SD of the seeded initial prototypes (0: Table 5's zeros).
-        prototype_seed: seed of those anchors (the same on every client).
-        reduction: ``"class_mean_sum"`` (Eq. 4-5) or ``"batch_mean"``.
-        element_reduction: ``"sum"`` (Eq. 3-5) or ``"mean"`` over pixels and latent dimensions.
-        vtc_lr: learning rate of ``psi_k`` and ``sigma_k`` (``None``: ``lr``, as Algorithm 1).
-        psi_sync: ``"once"`` (after the rounds) or ``"every_round"`` (Table 3 ablation).
-        synthetic_per_class: ``S / C`` synthetic images per class.
-        finetune_mode: ``"epochs"`` or ``"literal_fullbatch"`` (see the module docstring).
-        finetune_epochs: epochs per fine-tuning round in ``"epochs"`` mode.
-        finetune_batch_size: mini-batch size of fine-tuning.
-        finetune_lr: learning rate of fine-tuning (``None``: ``lr``).
-        synthetic_bn: ``"running"`` or ``"batch"`` BatchNorm statistics when decoding the synthetic set.
-        finetune_bn: ``"train"`` or ``"frozen"`` BatchNorm of the classifier during fine-tuning.
-        max_grad_norm: clip each alternating step's and each fine-tuning step's gradient to this norm
-            (``None``: off, the paper).
-        optimizer: optimizer of every step (SGD in Algorithm 1).
-        lr: eta, shared by ``f_k``, ``psi_k`` and ``sigma_k``.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+        hp: FedVTC's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
+    Hparams = FedVTCHparams
     training_only_state: ClassVar[tuple[str, ...]] = ("vtc", "latent")
 
     def __init__(
@@ -326,58 +397,18 @@ class FedVTCClient(ClientModule):
         vtc: VTCDecoder,
         pixel_mean: Sequence[float] = (0.0,),
         pixel_std: Sequence[float] = (1.0,),
-        dm_weight: float = 0.1,
-        dm_trains_extractor: bool = True,
-        alternate: Alternation = "batch",
-        prior_sd: float = 1.0,
-        kl_weight: float = 1.0,
-        kl_warmup_rounds: int = 0,
-        initial_prototype_sd: float = 0.0,
-        prototype_seed: int = 0,
-        reduction: Reduction = "class_mean_sum",
-        element_reduction: ElementReduction = "sum",
-        vtc_lr: float | None = None,
-        psi_sync: PsiSync = "once",
-        synthetic_per_class: int = 50,
-        finetune_mode: FinetuneMode = "epochs",
-        finetune_epochs: int = 5,
-        finetune_batch_size: int = 16,
-        finetune_lr: float | None = None,
-        synthetic_bn: SyntheticBN = "running",
-        finetune_bn: FinetuneBN = "train",
-        max_grad_norm: float | None = None,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        hp: Any = None,
+        **overrides: Any,
     ) -> None:
-        super().__init__(model, num_classes, optimizer, lr, momentum, weight_decay)
+        super().__init__(model, num_classes, hp, **overrides)
         # The federated stage steps its two optimizers itself; set here too so a plain Trainer (reuse) fits it.
         self.automatic_optimization = False
-        self.max_grad_norm = max_grad_norm
         self.vtc = vtc
         latent_dim = int(torch.Size(vtc.latent_shape).numel())
-        self.prior_sd = prior_sd
-        self.kl_weight = kl_weight
-        self.kl_warmup_rounds = kl_warmup_rounds
-        anchors = initial_prototypes(num_classes, latent_dim, initial_prototype_sd, prototype_seed)
-        self.latent = LatentPrior(num_classes, latent_dim, prior_sd, anchors)
+        anchors = initial_prototypes(num_classes, latent_dim, self.hp.initial_prototype_sd, self.hp.vtc_init_seed)
+        self.latent = LatentPrior(num_classes, latent_dim, self.hp.prior_sd, anchors)
         self.register_buffer("pixel_mean", torch.tensor(list(pixel_mean)).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(list(pixel_std)).view(1, -1, 1, 1), persistent=False)
-        self.dm_weight = dm_weight
-        self.dm_trains_extractor = dm_trains_extractor
-        self.alternate: Alternation = alternate
-        self.reduction: Reduction = reduction
-        self.element_reduction: ElementReduction = element_reduction
-        self.vtc_lr = vtc_lr
-        self.psi_sync: PsiSync = psi_sync
-        self.synthetic_per_class = synthetic_per_class
-        self.finetune_mode: FinetuneMode = finetune_mode
-        self.finetune_epochs = finetune_epochs
-        self.finetune_batch_size = finetune_batch_size
-        self.finetune_lr = finetune_lr
-        self.synthetic_bn: SyntheticBN = synthetic_bn
-        self.finetune_bn: FinetuneBN = finetune_bn
         self.last_terms: dict[str, float] = {}
 
     # ------------------------------------------------------------------ pixels
@@ -402,18 +433,18 @@ class FedVTCClient(ClientModule):
         prior = self.latent.prototypes[y]
         v = reparameterize(z, self.latent.log_sigma, torch.randn_like(z))
         generated = self.vtc(v)
-        elements = self.element_reduction
+        elements = self.hp.element_reduction
         rc = reconstruction_error(generated, self.vtc_target(x), elements)
-        kl = gaussian_kl_to_prior(z, self.latent.log_sigma, prior, elements, self.prior_sd)
+        kl = gaussian_kl_to_prior(z, self.latent.log_sigma, prior, elements, self.hp.prior_sd)
         per_sample = rc + self.current_kl_weight() * kl
         terms = {"rc": rc, "kl": kl}
-        if self.dm_weight != 0.0 and with_dm:
+        if self.hp.dm_weight != 0.0 and with_dm:
             features = self.model.forward_features(self.model_input(generated))
             dm = distribution_matching_error(features, prior, elements)
-            per_sample = per_sample + self.dm_weight * dm
+            per_sample = per_sample + self.hp.dm_weight * dm
             terms["dm"] = dm
-        self.last_terms = {k: float(class_mean_sum(t.detach(), y, self.reduction)) for k, t in terms.items()}
-        return class_mean_sum(per_sample, y, self.reduction)
+        self.last_terms = {k: float(class_mean_sum(t.detach(), y, self.hp.reduction)) for k, t in terms.items()}
+        return class_mean_sum(per_sample, y, self.hp.reduction)
 
     def current_kl_weight(self) -> float:
         """Beta in this round: 0 in the first ``kl_warmup_rounds`` federated rounds, then ``kl_weight``.
@@ -422,31 +453,31 @@ class FedVTCClient(ClientModule):
         prototypes) class-distinct before the KL pulls every client's features onto the shared
         prototypes; from the initial zero prototypes that pull collapses them instead.
         """
-        return 0.0 if self.round_idx < self.kl_warmup_rounds else self.kl_weight
+        return 0.0 if self.round_idx < self.hp.kl_warmup_rounds else self.hp.kl_weight
 
     # ------------------------------------------------------------------ Lightning hooks
     def local_stages(self) -> Sequence[LocalStage]:
         if self.phase == VTC_SYNC:
             return ()
         if self.phase == FINETUNE:
-            steps = 1 if self.finetune_mode == "literal_fullbatch" else None
-            epochs = None if steps is not None else self.finetune_epochs
+            steps = 1 if self.hp.finetune_mode == "literal_fullbatch" else None
+            epochs = None if steps is not None else self.hp.finetune_epochs
             return (LocalStage(FINETUNE, epochs=epochs, steps=steps),)
         return (LocalStage("local", manual=True),)
 
     def configure_optimizers(self) -> Any:
-        kwargs = {"name": self.optimizer_name, "lr": self.lr, "momentum": self.momentum}
+        hp = self.hp
         if self.stage == FINETUNE:
-            kwargs["lr"] = self.finetune_lr if self.finetune_lr is not None else self.lr
-            return build_optimizer(self.model.parameters(), weight_decay=self.weight_decay, **kwargs)
-        model = build_optimizer(self.model.parameters(), weight_decay=self.weight_decay, **kwargs)
-        kwargs["lr"] = self.vtc_lr if self.vtc_lr is not None else self.lr
-        vtc = build_optimizer([*self.vtc.parameters(), self.latent.log_sigma], weight_decay=0.0, **kwargs)
+            lr = hp.finetune_lr if hp.finetune_lr is not None else hp.lr
+            return build_optimizer(self.model.parameters(), hp.optimizer, lr, hp.momentum, hp.weight_decay)
+        model = self.local_optimizer(self.model.parameters())
+        vtc_lr = hp.vtc_lr if hp.vtc_lr is not None else hp.lr
+        vtc = build_optimizer([*self.vtc.parameters(), self.latent.log_sigma], hp.optimizer, vtc_lr, hp.momentum, 0.0)
         return [model, vtc]
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         if self.stage == FINETUNE:
-            if self.finetune_bn == "frozen":  # Lightning puts the module in train mode at fit start
+            if self.hp.finetune_bn == "frozen":  # Lightning puts the module in train mode at fit start
                 freeze_batch_norm(self.model)
             return super().training_step(batch, batch_idx)
         x, y, *step = batch
@@ -466,7 +497,7 @@ class FedVTCClient(ClientModule):
         self._freeze(vtc=True)
         z = self.model.forward_features(x)
         ce = F.cross_entropy(self.model.forward_head(z), y)
-        tc = self.vtc_loss(x, y, z, with_dm=self.dm_trains_extractor)
+        tc = self.vtc_loss(x, y, z, with_dm=self.hp.dm_trains_extractor)
         model_optimizer.zero_grad()
         self.manual_backward(ce + tc)
         self._clip(self.model.parameters())
@@ -494,8 +525,8 @@ class FedVTCClient(ClientModule):
 
     def _clip(self, parameters: Iterable[Tensor]) -> None:
         """Clip one alternating step's gradient (opt-in: the paper clips nothing, spec 9.1)."""
-        if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(list(parameters), self.max_grad_norm)
+        if self.hp.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(list(parameters), self.hp.max_grad_norm)
 
     def _freeze(self, vtc: bool) -> None:
         """Freeze the VTC and SD (``vtc=True``) or the classifier (``vtc=False``); unfreeze the other."""
@@ -510,26 +541,26 @@ class FedVTCClient(ClientModule):
 
         Returns model-ready (normalised) images ``[S, ...]`` and their labels ``[S]``.
         """
-        labels = torch.arange(self.num_classes).repeat_interleave(self.synthetic_per_class)
+        labels = torch.arange(self.num_classes).repeat_interleave(self.hp.synthetic_per_class)
         generator = torch.Generator().manual_seed(seed)
         prototypes = self.latent.prototypes.cpu()
         noise = torch.randn(len(labels), prototypes.shape[1], generator=generator)
         v = reparameterize(prototypes[labels], self.latent.log_sigma.detach().cpu(), noise)
         device = self.latent.prototypes.device
-        images = self.model_input(decode_latents(self.vtc, v.to(device), self.synthetic_bn))
+        images = self.model_input(decode_latents(self.vtc, v.to(device), self.hp.synthetic_bn))
         return images, labels.to(device)
 
     def stage_dataloader(self, private: Iterable[Any], seed: int) -> Iterable[Any]:
         if self.stage != FINETUNE:
-            return EpochAlternation(private) if self.alternate == "epoch" else private
+            return EpochAlternation(private) if self.hp.alternate == "epoch" else private
         if int(self.latent.synthetic_seed) < 0:
             self.latent.synthetic_seed.fill_(derive_seed(seed, "fedvtc-synthetic"))
         images, labels = self.synthetic_set(int(self.latent.synthetic_seed))
         dataset = TensorDataset(images.cpu(), labels.cpu())
-        if self.finetune_mode == "literal_fullbatch":
+        if self.hp.finetune_mode == "literal_fullbatch":
             return DataLoader(dataset, batch_size=len(dataset), shuffle=False)
         generator = torch.Generator().manual_seed(seed)
-        return DataLoader(dataset, batch_size=self.finetune_batch_size, shuffle=True, generator=generator)
+        return DataLoader(dataset, batch_size=self.hp.finetune_batch_size, shuffle=True, generator=generator)
 
     # ------------------------------------------------------------------ federation hooks
     def on_receive(self, download: Payload | None) -> None:
@@ -563,26 +594,26 @@ class FedVTCClient(ClientModule):
             classes=classes,
             prototypes=prototypes,
             sigma=self.latent.log_sigma.detach().exp().cpu().clone(),
-            vtc=vtc if self.psi_sync == "every_round" else {},
+            vtc=vtc if self.hp.psi_sync == "every_round" else {},
         )
 
 
 class FedVTCServer(ServerPhase):
     """Averages prototypes (over owners), SDs (over uploaders) and, once or every round, the VTC.
 
+    Reads ``finetune_rounds`` (steps of the fine-tuning phase; no downloads after the first),
+    ``psi_sync`` and ``prototype_scale`` (``"anchors"``: every aggregate is rescaled by one common
+    factor to the initial anchors' mean norm, see :class:`FedVTCHparams`).
+
     Args:
-        finetune_rounds: steps of the fine-tuning phase (no downloads after the first).
-        psi_sync: ``"once"`` or ``"every_round"``.
-        prototype_scale: ``"free"`` (the paper) or ``"anchors"``: every aggregate is rescaled by one
-            common factor to the initial anchors' mean norm (see :class:`FedVTC`).
+        hp: FedVTC's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
     """
 
-    def __init__(
-        self, finetune_rounds: int, psi_sync: PsiSync = "once", prototype_scale: PrototypeScale = "free"
-    ) -> None:
-        self.finetune_rounds = finetune_rounds
-        self.psi_sync: PsiSync = psi_sync
-        self.prototype_scale: PrototypeScale = prototype_scale
+    Hparams: ClassVar[type[Hyperparameters]] = FedVTCHparams
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
+        self.hp: Any = hparams_for(type(self), hp, overrides)
         self.anchor_norm = 0.0
         self.num_classes = 0
         self.owned = torch.zeros(0, 0, dtype=torch.bool)
@@ -603,7 +634,7 @@ class FedVTCServer(ServerPhase):
         self.num_classes, latent_dim = latent["prototypes"].shape
         self.prototypes = latent["prototypes"].detach().clone().float()  # the clients' initial ones (zeros: Table 5)
         self.anchor_norm = float(prototype_geometry(self.prototypes)[0])
-        if self.prototype_scale == "anchors" and self.anchor_norm == 0.0:
+        if self.hp.prototype_scale == "anchors" and self.anchor_norm == 0.0:
             raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS)
         self.sigma = latent["log_sigma"].detach().exp().clone()  # the clients' initial SD (prior_sd)
         self.vtc = clone_state(state_with_prefix(initial, "vtc."))
@@ -642,22 +673,22 @@ class FedVTCServer(ServerPhase):
             owners.index_add_(0, payload.classes, torch.ones(payload.classes.numel(), dtype=torch.float64))
         seen = owners > 0
         self.prototypes[seen] = (sums[seen] / owners[seen].unsqueeze(1)).float()
-        if self.prototype_scale == "anchors":
+        if self.hp.prototype_scale == "anchors":
             norm = float(prototype_geometry(self.prototypes)[0])
             if norm > 0.0:
                 self.prototypes *= self.anchor_norm / norm
         self.sigma = torch.stack([p.sigma.double() for p in with_stats]).mean(0).float()
 
     def download_for(self, client_id: int) -> VTCPayload | None:
-        if self.phase == FINETUNE and self.finetune_done < self.finetune_rounds:
+        if self.phase == FINETUNE and self.finetune_done < self.hp.finetune_rounds:
             return None  # fine-tuning is purely local after the broadcast
-        if self.finetune_rounds and not self.broadcast_all and self.rounds and self.rounds_done == self.rounds:
+        if self.hp.finetune_rounds and not self.broadcast_all and self.rounds and self.rounds_done == self.rounds:
             return None  # the VTC upload after round T needs nothing from the server
         if self.broadcast_all:
             classes = torch.arange(self.num_classes)
             return VTCPayload(classes=classes, prototypes=self.prototypes, sigma=self.sigma, vtc=self.vtc)
         classes = torch.nonzero(self.owned[client_id]).flatten()
-        vtc = self.vtc if self.psi_sync == "every_round" and self.vtc_averaged else {}
+        vtc = self.vtc if self.hp.psi_sync == "every_round" and self.vtc_averaged else {}
         return VTCPayload(classes=classes, prototypes=self.prototypes[classes], sigma=self.sigma, vtc=vtc)
 
     def metrics(self) -> dict[str, float]:
@@ -715,158 +746,31 @@ def linear_feature_projection(model: nn.Module, dim: int) -> nn.Module:
 
 
 class FedVTC(Algorithm):
-    """FedVTC (heterogeneous models, label skew; generalisation on the global test set).
+    """FedVTC (heterogeneous models, label skew; generalisation on the global test set)."""
 
-    Args:
-        dm_weight: lambda, weight of the distribution-matching loss (0.1; 0 is ``L_e`` only).
-        dm_trains_extractor: whether ``L_dm`` also steps the extractor in step (A) (True: Algorithm
-            1, ``f_k`` minimises ``CE + L_tc``). False keeps ``L_dm`` in the VTC's step (B) only, a
-            deviation: pulling the features of generated images onto the prototypes also scales
-            up the extractor, the prototypes (the features' means) follow, and at CPU budgets they
-            drift outward round after round until the averaged VTC decodes no class. Off, the
-            drift slows but does not stop (docs/fedvtc.md, "Why: the prototypes drift outward").
-        alternate: granularity of the alternating optimisation, which the paper leaves open (spec 8
-            #5): ``"batch"`` (the spec's default: step A, then step B with a fresh forward, on
-            every mini-batch) or ``"epoch"`` (every local epoch, a pass of step A over its
-            mini-batches, then a pass of step B over the same mini-batches). Both make the same
-            passes per epoch, so they cost the same.
-        prototype_scale: ``"free"`` (the paper: the prototypes are the owners' feature means) or
-            ``"anchors"``: the server rescales each round's prototypes by one common factor to the
-            seeded anchors' mean norm (needs ``initial_prototype_sd > 0``), keeping their
-            directions and ratios. A deviation and a diagnostic: it removes the outward drift
-            while leaving ``L_dm`` in both steps.
-        prior_sd: ``tau``, SD per dimension of the class prior ``N(c^y, tau^2 I)``, which is also
-            the initial ``sigma`` (1: the paper's ``N(c^y, I)`` and Table 5's initial SD). Below 1 a
-            deviation: it matches the prior and the sampling noise to small extractors' feature
-            scale, without which the VTC collapses to the mean digit (see docs/fedvtc.md).
-        kl_weight: beta, weight of the KL term in ``L_tc`` (1: the paper's ELBO; below 1 a
-            deviation, the beta-VAE remedy for posterior collapse).
-        kl_warmup_rounds: federated rounds at the start with the KL switched off (0: the paper), so
-            that the first prototypes come from class-distinct features rather than from features
-            pulled onto the zero initial prototypes (a deviation when set).
-        initial_prototype_sd: SD of seeded class anchors ``N(0, sd^2 I)`` used as the global
-            prototypes before any upload (0: Table 5's zeros). The same anchors on every client and
-            the server give every extractor one class-distinct target from the first step (a
-            deviation when set; see docs/fedvtc.md).
-        latent_channels: ``C0`` of the latent ``(C0, H/4, W/4)``, so ``p = C0 * (H/4)^2``
-            (20 on MNIST: p = 980; 64 on CIFAR: 4096; 128 on Tiny-ImageNet: 32768).
-        vtc_channels: output channels of the VTC's first three layers (Table 6: MNIST 16, 32, 32;
-            CIFAR 32, 64, 64; Tiny-ImageNet 64, 64, 64).
-        vtc_out_channels: image channels the VTC emits (``None``: the scenario's; 1 for the
-            paper's MNIST decoder on grey-replicated digits).
-        vtc_init_seed: seed of the VTC initialisation, common to every client.
-        reduction: ``"class_mean_sum"`` (Eq. 4-5) or ``"batch_mean"``.
-        element_reduction: ``"sum"`` over pixels and latent dimensions (Eq. 3-5, the paper) or
-            ``"mean"`` (spec 9.1's opt-in against the loss-scale imbalance; a deviation).
-        vtc_lr: learning rate of the VTC and the SD (``None``: ``lr``, Algorithm 1's single eta; a
-            deviation when set, e.g. to keep the VTC's effective step with ``element_reduction="mean"``).
-        psi_sync: ``"once"`` (paper default, after the rounds) or ``"every_round"`` (Table 3).
-        synthetic_per_class: ``S / C`` (50 on MNIST and CIFAR-10, 10 on CIFAR-100, 5 on Tiny).
-        finetune_rounds: the fine-tuning rounds (5; 0 skips fine-tuning and the VTC upload).
-        finetune_mode: ``"epochs"`` (one round = ``finetune_epochs`` mini-batch epochs) or
-            ``"literal_fullbatch"`` (one full-batch step per round, Algorithm 1 literally).
-        finetune_epochs: epochs per fine-tuning round (E = 5 in the paper).
-        finetune_batch_size: fine-tuning mini-batch size (16).
-        finetune_lr: learning rate of the fine-tuning (``None``: ``lr``, Algorithm 1's single eta; a
-            deviation when set).
-        synthetic_bn: BatchNorm statistics the global VTC decodes the synthetic set with:
-            ``"running"`` (its averaged running statistics, eval mode as spec 8 #9) or ``"batch"``
-            (the synthetic latents' own statistics; a deviation, see :func:`decode_latents`).
-        finetune_bn: the classifier's BatchNorm while fine-tuning on synthetic images: ``"train"``
-            (the paper does not say; ordinary training) or ``"frozen"`` (eval mode, so the running
-            statistics of real data survive the synthetic set; a deviation when set).
-        max_grad_norm: clip the gradient of each alternating step and of each fine-tuning step
-            (``None``: off, as in the paper; an opt-in guard against the loss-scale imbalance of spec 9.1).
-        optimizer: SGD in Algorithm 1.
-        lr: eta (1e-4 on MNIST, 0.01 on CIFAR and Tiny-ImageNet).
-        momentum: SGD momentum (none in the paper).
-        weight_decay: L2 weight decay (none in the paper).
-    """
-
+    Hparams = FedVTCHparams
+    client_type = FedVTCClient
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True, scenario_kinds=("label_skew",))
     upload_type = VTCPayload
     download_type = VTCPayload
-
-    def __init__(
-        self,
-        dm_weight: NonNegativeFloat = 0.1,
-        dm_trains_extractor: bool = True,
-        alternate: Alternation = "batch",
-        prototype_scale: PrototypeScale = "free",
-        prior_sd: PositiveFloat = 1.0,
-        kl_weight: NonNegativeFloat = 1.0,
-        kl_warmup_rounds: NonNegativeInt = 0,
-        initial_prototype_sd: NonNegativeFloat = 0.0,
-        latent_channels: PositiveInt = 20,
-        vtc_channels: tuple[int, int, int] = (16, 32, 32),
-        vtc_out_channels: PositiveInt | None = None,
-        vtc_init_seed: int = 0,
-        reduction: Reduction = "class_mean_sum",
-        element_reduction: ElementReduction = "sum",
-        vtc_lr: PositiveFloat | None = None,
-        psi_sync: PsiSync = "once",
-        synthetic_per_class: PositiveInt = 50,
-        finetune_rounds: NonNegativeInt = 5,
-        finetune_mode: FinetuneMode = "epochs",
-        finetune_epochs: PositiveInt = 5,
-        finetune_batch_size: PositiveInt = 16,
-        finetune_lr: PositiveFloat | None = None,
-        synthetic_bn: SyntheticBN = "running",
-        finetune_bn: FinetuneBN = "train",
-        max_grad_norm: PositiveFloat | None = None,
-        optimizer: OptimizerName = "sgd",
-        lr: PositiveFloat = 0.01,
-        momentum: Momentum = 0.0,
-        weight_decay: NonNegativeFloat = 0.0,
-    ) -> None:
-        super().__init__(optimizer, lr, momentum, weight_decay)
-        if len(vtc_channels) != 3 or min(vtc_channels) < 1:
-            raise ConfigError(f"FedVTC: vtc_channels={vtc_channels} must be three positive channel counts")
-        self.dm_weight = dm_weight
-        self.dm_trains_extractor = dm_trains_extractor
-        self.alternate: Alternation = alternate
-        if prototype_scale == "anchors" and initial_prototype_sd == 0.0:
-            raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS)
-        self.prototype_scale: PrototypeScale = prototype_scale
-        self.prior_sd = prior_sd
-        self.kl_weight = kl_weight
-        self.kl_warmup_rounds = kl_warmup_rounds
-        self.initial_prototype_sd = initial_prototype_sd
-        self.latent_channels = latent_channels
-        self.vtc_channels = tuple(int(c) for c in vtc_channels)
-        self.vtc_out_channels = vtc_out_channels
-        self.vtc_init_seed = vtc_init_seed
-        self.reduction: Reduction = reduction
-        self.element_reduction: ElementReduction = element_reduction
-        self.vtc_lr = vtc_lr
-        self.psi_sync: PsiSync = psi_sync
-        self.synthetic_per_class = synthetic_per_class
-        self.finetune_rounds = finetune_rounds
-        self.finetune_mode: FinetuneMode = finetune_mode
-        self.finetune_epochs = finetune_epochs
-        self.finetune_batch_size = finetune_batch_size
-        self.finetune_lr = finetune_lr
-        self.synthetic_bn: SyntheticBN = synthetic_bn
-        self.finetune_bn: FinetuneBN = finetune_bn
-        self.max_grad_norm = max_grad_norm
 
     def latent_shape(self) -> tuple[int, int, int]:
         """``(C0, H/4, W/4)`` for the scenario's image size (two doublings in the VTC)."""
         size = self.data_format.image_size if self.data_format is not None else 28
         if size % 4:
             raise ConfigError(f"FedVTC's VTC upsamples by 4, so image_size must be a multiple of 4 (got {size})")
-        return (self.latent_channels, size // 4, size // 4)
+        return (self.hp.latent_channels, size // 4, size // 4)
 
     def build_vtc(self) -> VTCDecoder:
         """The VTC every client starts from: one architecture, one initialisation (``vtc_init_seed``)."""
-        channels = self.vtc_out_channels or self.image_channels()
+        channels = self.hp.vtc_out_channels or self.image_channels()
         if channels not in (1, self.image_channels()):
             raise ConfigError(
                 f"FedVTC: vtc_out_channels={channels} must be 1 or the images' {self.image_channels()} channels"
             )
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.vtc_init_seed, "fedvtc-vtc"))
-            return VTCDecoder(self.latent_shape(), self.vtc_channels, channels)  # type: ignore[arg-type]
+            torch.manual_seed(derive_seed(self.hp.vtc_init_seed, "fedvtc-vtc"))
+            return VTCDecoder(self.latent_shape(), tuple(int(c) for c in self.hp.vtc_channels), channels)  # type: ignore[arg-type]
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         shape = self.latent_shape()
@@ -878,36 +782,16 @@ class FedVTC(Algorithm):
             vtc=self.build_vtc(),
             pixel_mean=data.mean if data is not None else (0.0,),
             pixel_std=data.std if data is not None else (1.0,),
-            dm_weight=self.dm_weight,
-            dm_trains_extractor=self.dm_trains_extractor,
-            alternate=self.alternate,
-            prior_sd=self.prior_sd,
-            kl_weight=self.kl_weight,
-            kl_warmup_rounds=self.kl_warmup_rounds,
-            initial_prototype_sd=self.initial_prototype_sd,
-            prototype_seed=self.vtc_init_seed,
-            reduction=self.reduction,
-            element_reduction=self.element_reduction,
-            vtc_lr=self.vtc_lr,
-            psi_sync=self.psi_sync,
-            synthetic_per_class=self.synthetic_per_class,
-            finetune_mode=self.finetune_mode,
-            finetune_epochs=self.finetune_epochs,
-            finetune_batch_size=self.finetune_batch_size,
-            finetune_lr=self.finetune_lr,
-            synthetic_bn=self.synthetic_bn,
-            finetune_bn=self.finetune_bn,
-            max_grad_norm=self.max_grad_norm,
-            **self.optimizer_kwargs(),
+            hp=self.hp,
         )
 
     def build_server(self) -> ServerPhase:
-        return FedVTCServer(self.finetune_rounds, self.psi_sync, self.prototype_scale)
+        return FedVTCServer(self.hp)
 
     def phases(self) -> Sequence[RunPhase]:
-        if self.finetune_rounds == 0:
+        if self.hp.finetune_rounds == 0:
             return ()
         return (
             RunPhase(VTC_SYNC, "after", rounds=1, participation=None, exchange=True),
-            RunPhase(FINETUNE, "after", rounds=self.finetune_rounds, participation=None, exchange=True),
+            RunPhase(FINETUNE, "after", rounds=self.hp.finetune_rounds, participation=None, exchange=True),
         )

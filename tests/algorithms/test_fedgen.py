@@ -87,11 +87,11 @@ def test_fedgen_client_latent_kl_term_by_hand():
         if temperature == 1.0:
             assert expected == pytest.approx(0.537226, abs=1e-6)
     built = FedGen(latent_kl_weight=1.0, latent_kl_temperature=10.0).build_client(TinyLinear(), 2)
-    assert (built.latent_kl_weight, built.latent_kl_temperature) == (1.0, 10.0)
+    assert (built.hp.latent_kl_weight, built.hp.latent_kl_temperature) == (1.0, 10.0)
 
 
 def _server_after_two_uploads(diversity_weight: float = 0.5) -> FedGenServer:
-    server = FedGenServer(noise_dim=3, hidden_dim=4, diversity_weight=diversity_weight)
+    server = FedGenServer(noise_dim=3, generator_hidden_dim=4, diversity_weight=diversity_weight)
     server.setup(context(num_classes=2, initial=INITIAL_HEAD))
     head_a = {"weight": torch.tensor([[3.0, 0.0], [0.0, 3.0]]), "bias": torch.zeros(2)}
     head_b = {"weight": torch.tensor([[0.0, 3.0], [3.0, 0.0]]), "bias": torch.zeros(2)}
@@ -109,7 +109,7 @@ def test_fedgen_server_averages_heads_and_weighs_the_ensemble_by_label_shares_by
     # class 0 counts (3, 1) -> (0.75, 0.25); class 1 counts (1, 1) -> (0.5, 0.5)
     assert torch.allclose(server.round_ensemble_weights, torch.tensor([[0.75, 0.5], [0.25, 0.5]]))
     assert server.round_counts.tolist() == [4.0, 2.0]
-    samples = FedGenServer(noise_dim=3, hidden_dim=4, ensemble_weighting="samples")
+    samples = FedGenServer(noise_dim=3, generator_hidden_dim=4, ensemble_weighting="samples")
     samples.setup(context(num_classes=2, initial=INITIAL_HEAD))
     head = {"weight": torch.eye(2), "bias": torch.zeros(2)}
     samples.aggregate(0, [

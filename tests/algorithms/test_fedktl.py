@@ -6,6 +6,7 @@ interface, so they need no artifact and pin down exactly what the server receive
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -164,7 +165,7 @@ def _fit(server):
 
 
 def _fitted_server(generator, epochs=2, **kwargs):
-    server = FedKTLServer(generator, epochs=epochs, batch_size=100, **kwargs)
+    server = FedKTLServer(generator, server_epochs=epochs, server_batch_size=100, **kwargs)
     server.setup(_context())
     torch.manual_seed(0)
     server.aggregate(
@@ -192,7 +193,7 @@ def test_download_is_one_pair_per_class_with_paper_byte_count():
 
 def test_classes_never_uploaded_get_no_pair():
     """Classes no client has uploaded get no generated pair."""
-    server = FedKTLServer(TinyGenerator(), epochs=1)
+    server = FedKTLServer(TinyGenerator(), server_epochs=1)
     server.setup(_context())
     server.aggregate(0, [_upload(0, torch.eye(4), [1, 1, 0, 0])])
     with seeded(1):
@@ -215,14 +216,14 @@ def test_final_centroids_are_class_means_of_transformed_prototypes():
 def test_server_training_lowers_its_loss(centroid_mode):
     """Sixty server epochs halve the server loss in both centroid modes."""
     generator = TinyGenerator()
-    server = FedKTLServer(generator, epochs=1, centroid_mode=centroid_mode)
+    server = FedKTLServer(generator, server_epochs=1, centroid_mode=centroid_mode)
     server.setup(_context())
     torch.manual_seed(0)
     server.aggregate(0, [_upload(0, torch.nn.functional.normalize(torch.randn(4, 4), dim=1), [3, 2, 4, 1])] * 3)
     everything = torch.arange(len(server.prototypes))
     with seeded(5), torch.no_grad():
         before = server.server_losses(everything)["loss"].item()
-    server.epochs = 60
+    server.hp = dataclasses.replace(server.hp, server_epochs=60)
     with seeded(1):
         _fit(server)
     server.train()
@@ -345,7 +346,7 @@ class FixedLatents(TinyGenerator):
 def test_server_loss_is_mmd_plus_centroid_mse_by_hand():
     """MMD^2 (one RBF bandwidth) of F(P) against the generator's latents plus lambda = 0.5 times the centroid MSE."""
     server = FedKTLServer(
-        FixedLatents(), prototype_dim=2, centroid_weight=0.5, epochs=1, batch_size=2, mmd_bandwidths=(1.0,)
+        FixedLatents(), etf_dim=2, centroid_weight=0.5, server_epochs=1, server_batch_size=2, mmd_bandwidths=(1.0,)
     )
     server.setup(_context(num_classes=2))
     with torch.no_grad():  # F = Linear(I) -> BatchNorm (fresh) -> ReLU -> Linear(I)

@@ -327,7 +327,7 @@ def test_epoch_alternation_runs_and_resumes_in_the_round_loop():
     resumed = loop()
     resumed.load_checkpoint_state(Keep.state)
     resumed.run()
-    assert first.algorithm.alternate == "epoch"
+    assert first.algorithm.hp.alternate == "epoch"
     assert all(math.isfinite(r["train/loss"]) for r in first.history if "train/loss" in r)
     assert 0.0 <= summary["final"]["acc_global"] <= 100.0
     for cid in range(first.scenario.num_clients):
@@ -392,7 +392,7 @@ def test_anchor_scale_rescales_the_averaged_prototypes_to_the_anchors_mean_norm(
     initial = context.initial_client_state(0)
     initial["latent.prototypes"] = torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]])
     context = dataclasses.replace(context, initial_client_state=lambda cid: initial)
-    server = FedVTCServer(finetune_rounds=5, prototype_scale="anchors")
+    server = FedVTCServer(finetune_rounds=5, prototype_scale="anchors", initial_prototype_sd=0.1)
     server.setup(context)
     server.aggregate(0, [upload(0, _stats([0, 1], [[6.0, 8.0], [0.0, 2.0]], [1.0, 1.0]))])
     torch.testing.assert_close(server.prototypes, torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]]))
@@ -457,7 +457,7 @@ def test_server_rejects_bad_uploads():
 def test_synthetic_set_has_s_over_c_samples_per_class_decoded_from_its_prototype():
     """S/C labels per class; With sigma ~ 0 and the identity decoder, every synthetic image is its class prototype."""
     client = _client()
-    client.synthetic_per_class = 3
+    client.hp = dataclasses.replace(client.hp, synthetic_per_class=3)
     client.latent.prototypes.copy_(torch.tensor([[1.0, 2.0], [-1.0, 0.5]]))
     client.latent.log_sigma.data.fill_(-30.0)
     images, labels = client.synthetic_set(seed=0)

@@ -1,0 +1,516 @@
+"""What FedMD-CG and FedCG share: per-client conditional generators, ``(G_i, D_i)`` uploads, the server.
+
+Their common hyperparameters are declared here too, once.
+
+Both methods split each client model into a private extractor ``F_i`` (``model.forward_features``)
+and a classifier ``D_i`` (``model.head``), keep a conditional generator ``G_i(z, y)`` of latent
+features, upload ``(G_i, D_i)`` with the client's label counts, and train in two local stages of
+``local_steps`` mini-batches (model, then generator); the server averages ``(G_i, D_i)`` and then
+distils them (:class:`GeneratorClassifierServer`). What differs (the stage losses, whether the
+downloaded ``G`` replaces ``G_i``, the server's distillation) lives in ``fedmdcg.py`` and
+``fedcg.py``; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fedhet.algorithms.base import (
+    Algorithm,
+    Batch,
+    Capabilities,
+    ClientModule,
+    ClientUpload,
+    LocalStage,
+    ServerContext,
+    TrainableServerPhase,
+    hparams_for,
+)
+from fedhet.algorithms.common import state_with_prefix
+from fedhet.core.payloads import Payload, check_like, check_shape
+from fedhet.core.state import clone_state, copy_state_into
+from fedhet.errors import ConfigError, TrainingError
+from fedhet.functional import (
+    class_client_weights,
+    crossed_distillation_loss,
+    ensemble_distillation_kl,
+    weighted_average,
+)
+from fedhet.functional.conditional_generators import KLDirection
+from fedhet.hparams import (
+    Hyperparameters,
+    LocalOptimizer,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    categorical,
+    knob,
+    log_uniform,
+)
+from fedhet.seeding import derive_seed, seeded
+
+NoiseKind = Literal["gaussian", "uniform"]
+Aggregation = Literal["kdc", "kd", "ave"]
+KLReduction = Literal["sum_classes", "mean_classes"]
+KDReduction = Literal["batchmean", "mean", "hinton"]
+
+GENERATOR_PREFIX = "generator."
+CLASSIFIER_PREFIX = "model.head."
+
+
+@dataclass(frozen=True)
+class GeneratorClassifierHparams(LocalOptimizer):
+    """The hyperparameters FedMD-CG and FedCG share (FedMD-CG's paper defaults; FedCG redeclares its server's)."""
+
+    lr: PositiveFloat = knob(
+        0.05,
+        "learning rate of [F_i, D_i] (FedMD-CG: searched in {0.01, 0.05, 0.08}; code 0.05)",
+        log_uniform(1e-3, 0.5),
+    )
+    weight_decay: NonNegativeFloat = knob(1e-4, "L2 weight decay of [F_i, D_i] (FedMD-CG: 1e-4)")
+    local_steps: PositiveInt = knob(20, "I_c, mini-batches of each client stage per round (20)")
+    server_steps: PositiveInt = knob(50, "I_s, server distillation steps per round (50)")
+    server_batch_size: PositiveInt = knob(64, "B, labels per server step (64)")
+    noise_dim: PositiveInt = knob(128, "q, the generator's noise size (128)")
+    generator_hidden: tuple[int, int] = knob((512, 256), "the generator's two hidden widths (512, 256)")
+    noise: NoiseKind = knob("gaussian", "generator noise: gaussian (paper) or uniform (code, U[0, 1))")
+    generator_lr: PositiveFloat = knob(3e-4, "Adam learning rate of G_i (3e-4)", log_uniform(1e-5, 1e-2))
+    generator_weight_decay: NonNegativeFloat = knob(1e-4, "Adam weight decay of G_i (1e-4)")
+    server_lr: PositiveFloat = knob(3e-4, "Adam learning rate of G and D on the server (3e-4)", log_uniform(1e-5, 1e-2))
+    server_weight_decay: NonNegativeFloat = knob(1e-4, "its weight decay (1e-4)")
+    server_temperature: PositiveFloat = knob(
+        1.0, "T of the server KLs (1; FedMD-CG's code: 10)", log_uniform(0.5, 20.0)
+    )
+
+    def check(self) -> None:
+        hidden = self.generator_hidden
+        if len(hidden) != 2 or min(hidden) < 1:
+            raise ConfigError(f"generator_hidden={list(hidden)}: give two positive widths")
+
+
+@dataclass(frozen=True)
+class ServerDistillationHparams(GeneratorClassifierHparams):
+    """FedMD-CG's switches of the server's distillation (and of the clients' KL direction)."""
+
+    kl_direction: KLDirection = knob(
+        "teacher_first", "KL order: teacher_first (code, standard KD) or as_printed (paper's order)"
+    )
+    server_kl_reduction: KLReduction = knob("sum_classes", "server KL: sum_classes (a KL) or mean_classes (code)")
+    share_server_noise: bool = knob(True, "one noise batch for every generator on the server (paper)")
+    aggregation: Aggregation = knob(
+        "kdc", "server: kdc (KDC_agg), kd (KD_agg) or ave (AVE_agg), Table 3", categorical("kdc", "kd", "ave")
+    )
+
+
+@dataclass(frozen=True)
+class GeneratorServerHparams(ServerDistillationHparams):
+    """What :class:`GeneratorClassifierServer` reads: the distillation switches and ``KD_agg``'s reduction."""
+
+    server_kd_loss: KDReduction = knob(
+        "batchmean", "reduction of KD_agg (see fedhet.functional.ensemble_distillation_kl)"
+    )
+
+
+class ConditionalFeatureGenerator(nn.Module):
+    """``G(z, y)``: FedMD-CG's generator of latent features (spec 4.2/4.3).
+
+    ``[z, onehot(y)] -> FC(q+C, h1) + BN + ReLU -> FC(h1, h2) + BN + ReLU -> FC(h2, p)``; the last
+    layer has no activation (features are unbounded ReLU-pooled conv outputs).
+
+    Args:
+        noise_dim: ``q``.
+        num_classes: ``C``.
+        feature_dim: ``p``, the feature extractor's output size.
+        hidden: the two hidden widths (512, 256 in the paper's code).
+        noise: ``"gaussian"`` (paper) or ``"uniform"`` (code).
+    """
+
+    def __init__(
+        self,
+        noise_dim: int,
+        num_classes: int,
+        feature_dim: int,
+        hidden: tuple[int, int] = (512, 256),
+        noise: NoiseKind = "gaussian",
+    ) -> None:
+        super().__init__()
+        if noise not in ("gaussian", "uniform"):
+            raise ConfigError(f"noise={noise!r}: use 'gaussian' or 'uniform'")
+        self.noise_dim = noise_dim
+        self.num_classes = num_classes
+        self.noise = noise
+        first, second = hidden
+        self.body = nn.Sequential(
+            nn.Linear(noise_dim + num_classes, first),
+            nn.BatchNorm1d(first),
+            nn.ReLU(),
+            nn.Linear(first, second),
+            nn.BatchNorm1d(second),
+            nn.ReLU(),
+            nn.Linear(second, feature_dim),
+        )
+
+    def sample_noise(self, count: int, device: torch.device | str) -> Tensor:
+        """``count`` noise vectors from the global RNG."""
+        if self.noise == "gaussian":
+            return torch.randn(count, self.noise_dim, device=device)
+        return torch.rand(count, self.noise_dim, device=device)
+
+    def forward(self, labels: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Features for ``labels`` and the noise they came from (drawn when not given)."""
+        if noise is None:
+            noise = self.sample_noise(labels.shape[0], labels.device)
+        inputs = torch.cat([noise, F.one_hot(labels, self.num_classes).to(noise.dtype)], dim=1)
+        return self.body(inputs), noise
+
+
+@dataclass(frozen=True)
+class GeneratorClassifierPayload(Payload):
+    """A generator's state, a classifier's state and per-class counts ``[C]`` (int64).
+
+    Up: ``(G_i, D_i, c_i)``; down: ``(G, D, sum_i c_i)``.
+    """
+
+    generator: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    classifier: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    label_counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def validate_against(
+        self, generator: Mapping[str, Tensor], classifier: Mapping[str, Tensor], num_classes: int, sender: str
+    ) -> None:
+        """Finite values, the reference layouts, and non-negative integer counts of shape ``[C]``."""
+        self.validate(sender)
+        check_like(sender, "generator", self.generator, generator, "the global generator")
+        check_like(sender, "classifier", self.classifier, classifier, "the global classifier")
+        check_shape(sender, "label_counts", self.label_counts, (num_classes,))
+        if self.label_counts.is_floating_point() or bool((self.label_counts < 0).any()):
+            raise TrainingError(f"{sender} sent invalid label counts (must be non-negative integers)")
+
+
+class GeneratorClassifierClient(ClientModule):
+    """``F_i``/``D_i`` (the model) and ``G_i``, trained in two stages; ``G`` is received, never kept.
+
+    Subclasses define the two stage losses, :meth:`model_update_loss` and
+    :meth:`generator_update_loss` (or their own ``training_step`` for the generator stage).
+
+    Args:
+        model: the backbone; ``forward_features`` is ``F_i`` and ``head`` is ``D_i``.
+        num_classes: ``C``.
+        generator: the client's own generator ``G_i`` (a copy becomes the frozen global ``G``).
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
+    """
+
+    Hparams = GeneratorClassifierHparams
+    received_modules = ("global_generator",)
+    #: ``G_i`` shapes training, never predictions.
+    training_only_state = ("generator",)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        generator: ConditionalFeatureGenerator,
+        hp: Any = None,
+        **overrides: Any,
+    ) -> None:
+        super().__init__(model, num_classes, hp, **overrides)
+        self.generator = generator
+        self.global_generator = copy.deepcopy(generator).requires_grad_(False)
+        self.label_distribution: Tensor | None = None
+        self.has_global = False
+
+    # ------------------------------------------------------------------ stages
+    def local_stages(self) -> Sequence[LocalStage]:
+        return (LocalStage("model", steps=self.hp.local_steps), LocalStage("generator", steps=self.hp.local_steps))
+
+    def generator_stage(self) -> bool:
+        return self.stage == "generator"
+
+    def on_train_start(self) -> None:
+        # Freezing by requires_grad (not no_grad): gradients still flow *through* a frozen D_i into G_i.
+        training_generator = self.generator_stage()
+        self.model.requires_grad_(not training_generator)
+        self.generator.requires_grad_(training_generator)
+
+    def on_train_end(self) -> None:
+        self.model.requires_grad_(True)
+        self.generator.requires_grad_(True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.generator_stage():
+            return torch.optim.Adam(
+                self.generator.parameters(), lr=self.hp.generator_lr, weight_decay=self.hp.generator_weight_decay
+            )
+        return self.local_optimizer(self.model.parameters())
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = self.generator_update_loss(x, y) if self.generator_stage() else self.model_update_loss(x, y)
+        if self._trainer is not None and self.trainer.logger is not None:
+            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+    def local_loss(self, batch: Batch) -> Tensor:
+        return self.model_update_loss(*batch)
+
+    # ------------------------------------------------------------------ losses
+    def model_update_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """Stage 1: the loss of ``[F_i, D_i]`` on a private batch."""
+        raise NotImplementedError(f"{type(self).__name__} must define model_update_loss()")
+
+    def generator_update_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """Stage 2: the loss of ``G_i`` on a private batch."""
+        raise NotImplementedError(f"{type(self).__name__} must define generator_update_loss()")
+
+    # ------------------------------------------------------------------ federation hooks
+    def on_receive(self, download: Payload | None) -> None:
+        self.has_global = False
+        self.label_distribution = None
+        if isinstance(download, GeneratorClassifierPayload):
+            copy_state_into(self.model.head, download.classifier)  # D_i <- D (Algorithm 1 line 5)
+            copy_state_into(self.global_generator, download.generator)
+            self.label_distribution = download.label_counts.double()
+            self.has_global = True
+
+    def make_upload(self, train_batches: Iterable[Batch]) -> GeneratorClassifierPayload:
+        counts = torch.zeros(self.num_classes, dtype=torch.long)
+        for _, y in train_batches:
+            counts += torch.bincount(y.cpu(), minlength=self.num_classes)
+        return GeneratorClassifierPayload(
+            generator=clone_state(self.generator.state_dict()),
+            classifier=clone_state(self.model.head.state_dict()),
+            label_counts=counts,
+        )
+
+
+class GeneratorClassifierServer(TrainableServerPhase):
+    """Weighted average of ``(G_i, D_i)``, then the crossed (or plain) data-free distillation.
+
+    Reads ``aggregation`` (``"kdc"``: FedMD-CG, Eq. 10-12; ``"kd"``: FedCG's ensemble KD;
+    ``"ave"``: no distillation), ``server_steps``, ``server_batch_size``, ``server_lr``,
+    ``server_weight_decay``, ``server_temperature``, ``kl_direction``, ``server_kl_reduction``,
+    ``share_server_noise`` and ``server_kd_loss`` (:class:`GeneratorServerHparams`).
+
+    Args:
+        make_generator: builds a generator of the clients' architecture.
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
+    """
+
+    Hparams: ClassVar[type[Hyperparameters]] = GeneratorServerHparams
+
+    def __init__(
+        self, make_generator: Callable[[], ConditionalFeatureGenerator], hp: Any = None, **overrides: Any
+    ) -> None:
+        super().__init__()
+        self.hp: Any = hparams_for(type(self), hp, overrides)
+        self.make_generator = make_generator
+        #: which of L_kl,1..3 the crossed distillation uses (all three; tests switch them singly)
+        self.terms: tuple[bool, bool, bool] = (True, True, True)
+        self.num_classes = 0
+        # the round's frozen teachers: a plain list, outside the module tree and the checkpoint
+        self.teachers: list[tuple[nn.Module, nn.Module]] = []
+        self.round_tau: Tensor | None = None
+        self.round_counts: Tensor | None = None
+        self.round_sample_weights: Tensor | None = None
+        self.first_loss = float("nan")
+        self.last_loss = float("nan")
+        self.steps_done = 0
+
+    def setup_server(self, context: ServerContext) -> None:
+        if context.model_factory is None:
+            raise ConfigError(f"{type(self).__name__} needs a model factory to build the global classifier")
+        initial = context.initial_client_state(0)
+        self.num_classes = context.num_classes
+        self.generator = self.make_generator()
+        copy_state_into(self.generator, state_with_prefix(initial, GENERATOR_PREFIX))
+        network = context.model_factory(context.architectures[0], context.seed)
+        self.classifier = copy.deepcopy(network.head)
+        copy_state_into(self.classifier, state_with_prefix(initial, CLASSIFIER_PREFIX))
+        self.register_buffer(
+            "client_label_counts", torch.zeros(context.num_clients, self.num_classes, dtype=torch.long)
+        )
+        self.register_buffer("rounds_aggregated", torch.zeros((), dtype=torch.long))
+
+    # ------------------------------------------------------------------ aggregation
+    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        self.teachers = []
+        if not uploads:
+            return
+        generator_ref = self.generator.state_dict()
+        classifier_ref = self.classifier.state_dict()
+        payloads: list[GeneratorClassifierPayload] = []
+        for upload in uploads:
+            payload = upload.payload
+            if not isinstance(payload, GeneratorClassifierPayload):
+                raise TrainingError(f"client {upload.client_id} sent {type(payload).__name__}, expected (G_i, D_i)")
+            payload.validate_against(generator_ref, classifier_ref, self.num_classes, f"client {upload.client_id}")
+            self.client_label_counts[upload.client_id] = payload.label_counts.to(self.client_label_counts.device)
+            payloads.append(payload)
+        examples = [float(p.num_examples) for p in payloads]
+        copy_state_into(self.generator, weighted_average([p.generator for p in payloads], examples))
+        copy_state_into(self.classifier, weighted_average([p.classifier for p in payloads], examples))
+        counts = torch.stack([p.label_counts for p in payloads])
+        self.round_tau = class_client_weights(counts)
+        self.round_counts = counts.sum(0).to(torch.float64)
+        total = torch.tensor(examples, dtype=torch.float32)
+        self.round_sample_weights = total / total.sum()
+        if self.hp.aggregation != "ave":
+            for payload in payloads:
+                generator = self.make_generator()
+                copy_state_into(generator, payload.generator)
+                classifier = copy.deepcopy(self.classifier)
+                copy_state_into(classifier, payload.classifier)
+                self.teachers.append((generator.eval().requires_grad_(False), classifier.eval().requires_grad_(False)))
+        self.rounds_aggregated += 1
+        self.steps_done = 0
+
+    # ------------------------------------------------------------------ distillation
+    def should_refine(self) -> bool:
+        return self.hp.aggregation != "ave" and bool(self.teachers)
+
+    def server_dataloader(self, seed: int) -> DataLoader:
+        if self.round_counts is None:
+            raise TrainingError("FedMD-CG's server was fitted before any upload arrived")
+        generator = torch.Generator().manual_seed(derive_seed(seed, "fedmdcg-labels"))
+        labels = torch.multinomial(
+            self.round_counts, self.hp.server_steps * self.hp.server_batch_size, True, generator=generator
+        )
+        return DataLoader(TensorDataset(labels), batch_size=self.hp.server_batch_size, shuffle=False)
+
+    def on_train_start(self) -> None:
+        self.teachers = [(g.to(self.device), d.to(self.device)) for g, d in self.teachers]
+
+    def distillation_loss(self, labels: Tensor) -> Tensor:
+        """``KDC_agg`` (Eq. 12) or ``KD_agg`` on one batch of sampled labels."""
+        self.generator.train()
+        noise = self.generator.sample_noise(labels.shape[0], labels.device)
+        global_features, _ = self.generator(labels, noise)
+        global_logits = self.classifier(global_features)
+        targets, global_on_local, local_on_global = [], [], []
+        for local_generator, local_classifier in self.teachers:
+            local_noise = (
+                noise if self.hp.share_server_noise else local_generator.sample_noise(labels.shape[0], labels.device)
+            )
+            with torch.no_grad():
+                local_features, _ = local_generator(labels, local_noise)
+                targets.append(local_classifier(local_features))
+            if self.hp.aggregation == "kdc":
+                global_on_local.append(self.classifier(local_features))  # L_kl,2: trains D only
+                local_on_global.append(local_classifier(global_features))  # L_kl,3: trains G only
+        if self.hp.aggregation == "kd":
+            assert self.round_sample_weights is not None
+            return ensemble_distillation_kl(
+                global_logits,
+                torch.stack(targets),
+                self.round_sample_weights,
+                self.hp.server_temperature,
+                self.hp.server_kd_loss,
+            )
+        assert self.round_tau is not None
+        return crossed_distillation_loss(
+            global_logits,
+            torch.stack(targets),
+            torch.stack(global_on_local),
+            torch.stack(local_on_global),
+            self.round_tau.to(labels.device)[:, labels],
+            self.hp.server_temperature,
+            self.hp.kl_direction,
+            self.hp.server_kl_reduction,
+            self.terms,
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = self.distillation_loss(batch[0])
+        if self.steps_done == 0:
+            self.first_loss = float(loss.detach())
+        self.last_loss = float(loss.detach())
+        self.steps_done += 1
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        parameters = [*self.generator.parameters(), *self.classifier.parameters()]
+        return torch.optim.Adam(parameters, lr=self.hp.server_lr, weight_decay=self.hp.server_weight_decay)
+
+    # ------------------------------------------------------------------ download
+    def download_for(self, client_id: int) -> GeneratorClassifierPayload | None:
+        if int(self.rounds_aggregated) == 0:
+            return None
+        return GeneratorClassifierPayload(
+            generator=clone_state(self.generator.state_dict()),
+            classifier=clone_state(self.classifier.state_dict()),
+            label_counts=self.client_label_counts.sum(0).cpu(),
+        )
+
+    def metrics(self) -> dict[str, float]:
+        if not self.steps_done:
+            return {}
+        return {"distill_loss_first": self.first_loss, "distill_loss": self.last_loss}
+
+
+class GeneratorClassifierMethod(Algorithm):
+    """The Algorithm side FedMD-CG and FedCG share: capabilities, evaluation, one generator initialisation.
+
+    Subclasses set :attr:`Hparams`, :attr:`client_type` (a :class:`GeneratorClassifierClient`) and
+    build their server.
+    """
+
+    Hparams = GeneratorClassifierHparams
+    client_type: ClassVar[type[ClientModule]] = GeneratorClassifierClient
+    capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True, scenario_kinds=("label_skew",))
+    upload_type = GeneratorClassifierPayload
+    download_type = GeneratorClassifierPayload
+    evaluation = ("clients_before_download", "virtual_global")
+    identical_client_init = True
+    #: the clients' feature size, known once the first client is built (the server's generator needs it)
+    feature_dim: int | None = None
+
+    def make_generator(
+        self, feature_dim: int | None = None, num_classes: int | None = None
+    ) -> ConditionalFeatureGenerator:
+        """A generator ``G(z, y)`` for this run's feature size and classes, from a fixed seed.
+
+        Every client's ``G_i`` and the server's ``G`` start from the same weights (the code's
+        common seed); the seed is fixed so the server can rebuild the architecture.
+        """
+        feature_dim = feature_dim or self.feature_dim
+        classes = num_classes or (self.data_format.num_classes if self.data_format is not None else None)
+        if feature_dim is None or classes is None:
+            raise ConfigError(f"{self.name}: build a client before the server (feature size unknown)")
+        with seeded(derive_seed(0, "fedmdcg", "generator")):
+            hp = self.hp
+            return ConditionalFeatureGenerator(
+                hp.noise_dim, classes, feature_dim, (int(hp.generator_hidden[0]), int(hp.generator_hidden[1])), hp.noise
+            )
+
+    def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
+        self.feature_dim = int(model.num_features)  # type: ignore[arg-type]
+        return self.client_type(model, num_classes, self.make_generator(self.feature_dim, num_classes), self.hp)  # type: ignore[call-arg]
+
+
+__all__ = [
+    "CLASSIFIER_PREFIX",
+    "GENERATOR_PREFIX",
+    "Aggregation",
+    "ConditionalFeatureGenerator",
+    "GeneratorClassifierClient",
+    "GeneratorClassifierHparams",
+    "GeneratorClassifierMethod",
+    "GeneratorClassifierPayload",
+    "GeneratorClassifierServer",
+    "GeneratorServerHparams",
+    "KDReduction",
+    "KLReduction",
+    "NoiseKind",
+    "ServerDistillationHparams",
+]
