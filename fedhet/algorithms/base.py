@@ -201,8 +201,8 @@ class RunPhase:
 
 
 #: Evaluation targets a method may declare (:attr:`Algorithm.evaluation`): the client models after
-#: the download, before it, and the server-side models (:meth:`ServerPhase.server_models` and the
-#: method's own evaluation-only models, :meth:`Algorithm.evaluation_models`) on the global sets.
+#: the download, before it, and the server-side models on the global sets
+#: (:meth:`Algorithm.evaluation_models`: the server's models, or what the method builds instead).
 EvaluationTarget = Literal["clients", "clients_before_download", "server"]
 
 
@@ -746,13 +746,14 @@ class Algorithm:
         """
         return client_id
 
-    def evaluation_models(self, clients: ClientStates) -> dict[str, nn.Module]:
-        """Models the method builds from the clients' stored states to evaluate only (never sent).
+    def evaluation_models(self, server: ServerPhase, clients: ClientStates) -> dict[str, nn.Module]:
+        """The server-side models scored on the global sets (``acc_server``) when ``"server"`` is a target.
 
-        Scored with the server's models on the global sets when ``"server"`` is an evaluation
-        target (``acc_server``). Default: none.
+        Default: the server's own (:meth:`ServerPhase.server_models`). A method may instead build
+        models from the clients' stored states, to evaluate only and never send (FedMD-CG's
+        virtual global model, :class:`fedhet.algorithms.common.AveragedClientModels`).
         """
-        return {}
+        return server.server_models()
 
     def collaborative_epochs(self) -> int:
         """Epochs over the public set of the collaborative phase per round (0 when there is none)."""
@@ -831,8 +832,8 @@ class ServerPlugin(Algorithm):
     def client_optimizer(self) -> LocalOptimizer:
         return self.base.client_optimizer()
 
-    def evaluation_models(self, clients: ClientStates) -> dict[str, nn.Module]:
-        return self.base.evaluation_models(clients)
+    def evaluation_models(self, server: ServerPhase, clients: ClientStates) -> dict[str, nn.Module]:
+        return self.base.evaluation_models(server, clients)
 
     def build_refinement(self) -> ServerRefinement:
         """The refine stage added after the base server's aggregation."""

@@ -606,16 +606,28 @@ class PublicLogitsPayload(Payload):
 
 
 @dataclass(frozen=True)
-class PublicDistillationHparams(LocalOptimizer):
+class BenchmarkLocalOptimizer(LocalOptimizer):
+    """The local optimizer of FCCL+'s benchmark frame: Adam 1e-3 with weight decay 1e-5."""
+
+    optimizer: OptimizerName = knob("adam", "local optimizer: sgd, adam or adamw")
+    lr: PositiveFloat = knob(1e-3, "local learning rate", log_uniform(1e-5, 1e-1))
+    weight_decay: NonNegativeFloat = knob(1e-5, "local L2 weight decay")
+
+
+class BenchmarkClient(ClientModule):
+    """A cross-entropy client with the benchmark frame's local optimizer (FedMD, FedDF, FedMatch)."""
+
+    Hparams = BenchmarkLocalOptimizer
+
+
+@dataclass(frozen=True)
+class PublicDistillationHparams(BenchmarkLocalOptimizer):
     """The local and public-phase settings of the lock-step distillation methods (FedMD, FedDF, RHFL, FedMatch).
 
     Defaults are FCCL+'s benchmark frame, which all four ran in: local Adam 1e-3 with weight
     decay 1e-5; one pass over the public set per round, each step with a new Adam 1e-3.
     """
 
-    optimizer: OptimizerName = knob("adam", "local optimizer: sgd, adam or adamw")
-    lr: PositiveFloat = knob(1e-3, "local learning rate", log_uniform(1e-5, 1e-1))
-    weight_decay: NonNegativeFloat = knob(1e-5, "local L2 weight decay")
     public_epochs: NonNegativeInt = knob(1, "passes over the public set per round (0 disables collaboration)")
     public_optimizer: OptimizerName = knob("adam", "optimizer of the collaborative steps on public data")
     public_lr: PositiveFloat = knob(1e-3, "learning rate of the collaborative steps", log_uniform(1e-5, 1e-1))
@@ -694,6 +706,7 @@ class PublicDistillationAlgorithm(Algorithm):
     """
 
     Hparams: ClassVar[type[Hyperparameters]] = PublicDistillationHparams
+    client_type: ClassVar[type[ClientModule]] = BenchmarkClient
     #: The lock-step phase built over each round's participants, reading ``self.hp``.
     phase_type: ClassVar[type[PublicDistillationPhase]]
     capabilities = Capabilities(heterogeneous_models=True, needs_public_data=True)

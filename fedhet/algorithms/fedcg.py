@@ -55,12 +55,14 @@ from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, LocalStage, ServerPhase
 from fedhet.algorithms.shared_generators import (
+    Aggregation,
     ConditionalFeatureGenerator,
     GeneratorClassifierClient,
     GeneratorClassifierHparams,
     GeneratorClassifierMethod,
     GeneratorClassifierPayload,
     GeneratorClassifierServer,
+    GeneratorServerHparams,
 )
 from fedhet.core.payloads import Payload
 from fedhet.core.state import copy_state_into
@@ -236,6 +238,19 @@ class FedCGClient(GeneratorClassifierClient):
             copy_state_into(self.generator, download.generator)  # FedCG shares the generator itself
 
 
+@dataclass(frozen=True)
+class FedCGServerHparams(FedCGHparams, GeneratorServerHparams):
+    """What FedCG's server reads: FedCG's declaration, with the shared server's ensemble KD (``KD_agg``)."""
+
+    aggregation: Aggregation = knob("kd", "FedCG's server distils the clients' ensemble (KD_agg)")
+
+
+class FedCGServer(GeneratorClassifierServer):
+    """The shared generator-and-classifier server with FedCG's defaults and ensemble KD, also when built alone."""
+
+    Hparams = FedCGServerHparams
+
+
 class FedCG(GeneratorClassifierMethod):
     """FedCG as FedMD-CG's baseline (cGAN clients, ``KD_agg`` server)."""
 
@@ -243,7 +258,7 @@ class FedCG(GeneratorClassifierMethod):
     client_type = FedCGClient
 
     def build_server(self) -> ServerPhase:
-        return GeneratorClassifierServer(self.make_generator, self.hp, aggregation="kd")
+        return FedCGServer(self.make_generator, self.hp)
 
 
-__all__ = ["FedCG", "FedCGClient", "FedCGHparams", "LatentDiscriminator", "cubic_ramp"]
+__all__ = ["FedCG", "FedCGClient", "FedCGHparams", "FedCGServer", "LatentDiscriminator", "cubic_ramp"]

@@ -33,8 +33,9 @@ Evaluation (the paper's metrics): L.acc is each client's model after local train
 the download (``clients_before_download``, reported as ``acc_local`` on class-balanced local
 test shards, scenario option ``local_test: test_shards``); G.acc is the "virtual global model",
 the ``n_i``-weighted average of every client's whole model, built by the loop from the stored
-states for evaluation only (``virtual_global``, reported as ``acc_server``). All clients start
-from one initialisation (``identical_client_init``), as in the code; G.acc needs it.
+states for evaluation only (``virtual_global``, reported as ``acc_server``; the method's
+``evaluation_models``). All clients start from one initialisation (``initialisation_of``), as
+in the code; G.acc needs it.
 
 Conflicts between paper [P] and code [C], and how they are resolved (spec sections 3, 9):
 
@@ -79,11 +80,13 @@ from torch import Tensor, nn
 from fedhet.algorithms.base import (
     Algorithm,
     ClientModule,
+    ClientStates,
     CollaborativePhase,
     DataFormat,
     RunPhase,
     ServerPhase,
 )
+from fedhet.algorithms.common import AveragedClientModels
 from fedhet.algorithms.shared_generators import (
     ConditionalFeatureGenerator,
     GeneratorClassifierClient,
@@ -248,8 +251,14 @@ class PaperProtocol(Algorithm):
         self.upload_type = base.upload_type  # type: ignore[misc]
         self.download_type = base.download_type  # type: ignore[misc]
         self.label_counts_uploaded = base.label_counts_uploaded  # type: ignore[misc]
-        self.evaluation = ("clients_before_download", "virtual_global")  # type: ignore[misc]
-        self.identical_client_init = True  # type: ignore[misc]
+        self.evaluation = ("clients_before_download", "server")  # type: ignore[misc]
+        self.virtual_global = AveragedClientModels()
+
+    def initialisation_of(self, client_id: int) -> int:
+        return 0
+
+    def evaluation_models(self, server: ServerPhase, clients: ClientStates) -> dict[str, nn.Module]:
+        return self.virtual_global(clients)
 
     @property
     def name(self) -> str:

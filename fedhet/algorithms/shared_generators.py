@@ -29,13 +29,15 @@ from fedhet.algorithms.base import (
     Batch,
     Capabilities,
     ClientModule,
+    ClientStates,
     ClientUpload,
     LocalStage,
     ServerContext,
+    ServerPhase,
     TrainableServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.common import state_with_prefix
+from fedhet.algorithms.common import AveragedClientModels, state_with_prefix
 from fedhet.core.payloads import Payload, check_like, check_shape
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError, TrainingError
@@ -470,8 +472,7 @@ class GeneratorClassifierMethod(Algorithm):
     capabilities = Capabilities(heterogeneous_models=True, common_feature_dim=True, scenario_kinds=("label_skew",))
     upload_type = GeneratorClassifierPayload
     download_type = GeneratorClassifierPayload
-    evaluation = ("clients_before_download", "virtual_global")
-    identical_client_init = True
+    evaluation = ("clients_before_download", "server")
     #: the clients' feature size, known once the first client is built (the server's generator needs it)
     feature_dim: int | None = None
 
@@ -492,6 +493,18 @@ class GeneratorClassifierMethod(Algorithm):
             return ConditionalFeatureGenerator(
                 hp.noise_dim, classes, feature_dim, (int(hp.generator_hidden[0]), int(hp.generator_hidden[1])), hp.noise
             )
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        self.virtual_global = AveragedClientModels()
+
+    def initialisation_of(self, client_id: int) -> int:
+        """Client 0's initialisation for every client, as the code does (G.acc needs it)."""
+        return 0
+
+    def evaluation_models(self, server: ServerPhase, clients: ClientStates) -> dict[str, nn.Module]:
+        """G.acc: the virtual global model, the example-weighted average of the clients' models."""
+        return self.virtual_global(clients)
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
         self.feature_dim = int(model.num_features)  # type: ignore[arg-type]

@@ -509,8 +509,7 @@ class FederationLoop:
             prefix = "" if "clients" not in targets else "pre/"
             metrics.update(self._evaluate_clients(round_idx, clients, apply_download=False, prefix=prefix))
         if "server" in targets:
-            models = {**self.server.server_models(), **self.algorithm.evaluation_models(self.client_states())}
-            metrics.update(self._evaluate_server(models))
+            metrics.update(self._evaluate_server(self.algorithm.evaluation_models(self.server, self.client_states())))
         metrics["eval/clients"] = float(len(clients))
         return metrics
 

@@ -227,7 +227,7 @@ def test_virtual_global_model_is_the_example_weighted_average_of_client_models()
     """With FedAvg under the paper's protocol, the virtual global model equals FedAvg's new global model."""
     loop = _loop(PaperProtocol(FedAvg(lr=0.05)), rounds=1)
     loop.run()
-    virtual = loop.virtual_global_models()["virtual_global"].state_dict()
+    virtual = loop.algorithm.evaluation_models(loop.server, loop.client_states())["virtual_global"].state_dict()
     for key, value in loop.server.global_weights.items():
         torch.testing.assert_close(virtual[key], value)
     assert "acc_server" in loop.history[-1] and "acc_local" in loop.history[-1]
