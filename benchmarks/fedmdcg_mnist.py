@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from fedhet.algorithms import FedAvg, FedCG, FedGen, FedMDCG, FedPer, LGFedAvg, Local, PaperProtocol  # noqa: E402
 from fedhet.data import BalancedDirichletPartitioner, LabelSkewScenario  # noqa: E402
-from fedhet.federation import FederationLoop  # noqa: E402
+from fedhet.federation import FederationLoop, FederationSettings  # noqa: E402
 from fedhet.federation.trainer import TrainerTemplate  # noqa: E402
 
 OUT = Path(os.environ.get("FEDMDCG_BENCH_OUT", REPO / "docs" / "results"))
@@ -163,7 +163,8 @@ def run_cell(row: str, seed: int, omega: float, args: argparse.Namespace) -> dic
     algorithm, trainer = build(row, args.local_steps, args.server_steps)
     started = time.perf_counter()
     loop = FederationLoop(
-        algorithm, scenario(seed, omega), ["lenet5"] * 10, trainer, rounds=args.rounds, seed=seed, eval_every=1
+        algorithm, scenario(seed, omega), ["lenet5"] * 10, trainer, rounds=args.rounds, seed=seed,
+        settings=FederationSettings(eval_every=1),
     )
     summary = loop.run()
     return {

@@ -12,7 +12,8 @@ import yaml
 
 from fedhet import __version__
 from fedhet.catalog import METHODS, MODELS, list_families
-from fedhet.cli import _prepare_args, build_parser, main
+from fedhet.cli import main
+from fedhet.config import build_parser, prepare_args
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +34,7 @@ def _only_line(err: str) -> str:
 
 def _parse(args):
     parser = build_parser()
-    return parser.parse_args(_prepare_args(args))
+    return parser.parse_args(prepare_args(args))
 
 
 def test_catalog_matches_the_registries():
@@ -142,7 +143,7 @@ def test_version_and_help(capsys):
 def test_resume_flag_is_not_saved_in_configs(tmp_path):
     """--resume is declared for --help only: the resolved config has no resume key."""
     parser = build_parser()
-    config = parser.parse_args(_prepare_args(["--config", DIGITS]))
+    config = parser.parse_args(prepare_args(["--config", DIGITS]))
     assert "resume" not in yaml.safe_load(parser.dump(config))
 
 
