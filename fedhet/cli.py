@@ -76,7 +76,7 @@ RESUMABLE_KEYS = ("rounds", "run_dir", "config")
 def _quiet_numerics() -> None:
     import torch
 
-    from fedhet.federation.trainer import silence_lightning
+    from fedhet.core.quiet import silence_lightning
 
     silence_lightning()
     # Adam's second moments and near-zero KL terms turn subnormal as models converge, and x86

@@ -27,6 +27,7 @@ from torch import nn
 
 from fedhet.algorithms.base import Algorithm, ClientUpload, RunPhase, ServerContext
 from fedhet.core.payloads import Payload
+from fedhet.core.quiet import silence_lightning
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation.executors import SequentialExecutor
@@ -36,7 +37,7 @@ from fedhet.federation.runtime import FEDERATION, ClientRuntime, ClientTask, Run
 from fedhet.federation.sampling import clients_per_round, sample_clients
 from fedhet.federation.settings import FederationSettings
 from fedhet.federation.state import ClientStateStore, MemoryStateStore
-from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate, silence_lightning
+from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
 from fedhet.functional import weighted_average
 from fedhet.metrics import BestTracker, ClientSetAccuracy, round_metrics
 from fedhet.metrics.report import HEADLINE, SERVER_KEY, as_matrix_list, mean_last

@@ -585,8 +585,8 @@ def _pretrain_locked(
     progress: bool | None,
 ) -> Path:
     """:func:`pretrain_generator` under the artifact's build lock: reuse, refuse or train and save."""
+    from fedhet.core.quiet import silence_lightning
     from fedhet.data import TensorBatchLoader, load_dataset
-    from fedhet.federation.trainer import silence_lightning
 
     steps, seed, image_size = settings["steps"], settings["seed"], settings["image_size"]
     batch_size, data_seed = settings["batch_size"], settings["data_seed"]
