@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms import ALGORITHMS
 from fedhet.algorithms.base import ClientUpload, ServerContext
+from fedhet.core.payloads import Payload
 from fedhet.federation import FederationLoop
-from fedhet.federation.payloads import Payload
 from fedhet.federation.runtime import LossMeter
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 from fedhet.models import resolve_family
@@ -243,7 +243,7 @@ def head_context(num_classes: int, feature_dim: int, head_weight: Tensor | None 
 
 def class_stats(values: Any, counts: Any, num_examples: int = 10) -> Payload:
     """A :class:`ClassStatsPayload` from nested lists."""
-    from fedhet.federation.payloads import ClassStatsPayload
+    from fedhet.core.payloads import ClassStatsPayload
 
     return ClassStatsPayload(values=torch.tensor(values), counts=torch.tensor(counts), num_examples=num_examples)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from fedhet.core.payloads import WeightsPayload
 from fedhet.federation import FederationLoop
-from fedhet.federation.payloads import WeightsPayload
 from fedhet.federation.trainer import TrainerTemplate
 from tests.conftest import tiny_label_skew
 

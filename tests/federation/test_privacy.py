@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from fedhet.algorithms.fedproto import FedProto
+from fedhet.core.payloads import ClassStatsPayload
 from fedhet.errors import ConfigError
 from fedhet.federation import FederationLoop, FederationSettings
-from fedhet.federation.payloads import ClassStatsPayload
 from fedhet.federation.privacy import PayloadNoise
 from fedhet.federation.trainer import TrainerTemplate
 from tests.conftest import tiny_label_skew
