@@ -361,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return (sweep_command if command == "sweep" else bench_command)(rest)
         if command == "pretrain-generator":
-            from fedhet.generators.pretrain import pretrain_command
+            from fedhet.generators.command import pretrain_command
 
             print(pretrain_command(rest))
             return 0
