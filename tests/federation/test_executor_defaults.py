@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,8 @@ def test_workers_keep_threads_per_worker_over_the_configs_threads():
         config_yaml=parser.dump(config, skip_none=False),
         rebuild=build_objects_from_yaml,
     )
+    recipe = pickle.loads(pickle.dumps(recipe))  # what a spawned worker receives: rebuild pickled by reference
+    assert recipe.rebuild is build_objects_from_yaml
     before = torch.get_num_threads()
     try:
         runtime = build_worker_runtime(recipe, config.federation.executor.init_args.threads_per_worker)
