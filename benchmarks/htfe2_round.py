@@ -107,7 +107,7 @@ def build_loop(name: str, args: argparse.Namespace) -> Any:
     """The HtFE-img-2 FedProto loop on the executor ``name`` stands for."""
     from fedhet.algorithms import FedProto
     from fedhet.data import DirichletPartitioner, LabelSkewScenario
-    from fedhet.federation import FederationLoop, RuntimeRecipe, SequentialExecutor
+    from fedhet.federation import FederationLoop, FederationSettings, RuntimeRecipe, SequentialExecutor
     from fedhet.federation.trainer import TrainerTemplate
     from fedhet.models import model_for_client, resolve_family
 
@@ -153,7 +153,7 @@ def build_loop(name: str, args: argparse.Namespace) -> Any:
         trainer,
         rounds=args.rounds + 1,
         seed=args.seed,
-        executor=executor,
+        settings=FederationSettings(executor=executor),
         feature_dim=512,
         recipe=timed_recipe(recipe),
     )

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from fedhet.algorithms import FedAvg
 from fedhet.algorithms.common import model_weights
 from fedhet.data import DirichletPartitioner, LabelSkewScenario
-from fedhet.federation import FederationLoop
+from fedhet.federation import FederationLoop, FederationSettings
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 from fedhet.functional import weighted_average
 from fedhet.seeding import derive_seed
@@ -64,7 +64,7 @@ def run_fedhet(scenario: LabelSkewScenario, model: str, rounds: int, epochs: int
         TrainerTemplate(max_epochs=epochs, accelerator="cpu"),
         rounds=rounds + 1,
         seed=0,
-        eval_every=rounds + 2,
+        settings=FederationSettings(eval_every=rounds + 2),
     )
     started = now()
     for round_idx in range(rounds):  # the loop is configured one round longer, so none of these evaluates

@@ -31,7 +31,7 @@ import torch
 
 from fedhet.algorithms import FedAvg
 from fedhet.data import DirichletPartitioner, LabelSkewScenario
-from fedhet.federation import FederationLoop, ProcessExecutor, SequentialExecutor
+from fedhet.federation import FederationLoop, FederationSettings, ProcessExecutor, SequentialExecutor
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 
 LABELS = {
@@ -102,8 +102,7 @@ def run_batch_size(args: argparse.Namespace, batch_size: int) -> dict[str, float
                 TrainerTemplate(max_epochs=1, accelerator="cpu"),
                 rounds=args.rounds + 2,
                 seed=0,
-                eval_every=args.rounds + 3,
-                executor=build_executor(name, args.workers),
+                settings=FederationSettings(eval_every=args.rounds + 3, executor=build_executor(name, args.workers)),
             )
             print(f"  {LABELS[name]:34s} start-up {time.perf_counter() - started:6.2f} s")
         times: dict[str, list[float]] = {name: [] for name in loops}

@@ -43,7 +43,7 @@ def run_configuration(workers: int, args: argparse.Namespace) -> dict:
 
     from fedhet.algorithms import FedAvg
     from fedhet.data import IIDPartitioner, LabelSkewScenario
-    from fedhet.federation import FederationLoop, RayExecutor
+    from fedhet.federation import FederationLoop, FederationSettings, RayExecutor
     from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 
     torch.set_num_threads(1)
@@ -67,8 +67,10 @@ def run_configuration(workers: int, args: argparse.Namespace) -> dict:
         TrainerTemplate(max_steps=args.local_steps, accelerator="cpu"),
         rounds=args.rounds + 2,
         seed=0,
-        eval_every=args.rounds + 3,
-        executor=RayExecutor(workers=workers, cpus_per_worker=1.0, threads_per_worker=1),
+        settings=FederationSettings(
+            eval_every=args.rounds + 3,
+            executor=RayExecutor(workers=workers, cpus_per_worker=1.0, threads_per_worker=1),
+        ),
     )
     startup_s = time.perf_counter() - started
     rounds = []

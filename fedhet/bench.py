@@ -458,7 +458,7 @@ def plan(
 
 def validate_cells(cells: Sequence[Cell], root: Path) -> None:
     """Parse each distinct config + flags with the ``fedhet fit`` parser: bad input fails before any run."""
-    from fedhet.cli import _parse, build_parser
+    from fedhet.config import build_parser, parse_config
 
     parser = build_parser()
     seen = set()
@@ -468,7 +468,7 @@ def validate_cells(cells: Sequence[Cell], root: Path) -> None:
             continue
         seen.add(key)
         try:
-            _parse(parser, ["--config", cell.config, *cell.flags])
+            parse_config(parser, ["--config", cell.config, *cell.flags])
         except ConfigError as exc:
             raise ConfigError(f"{cell.label}: {exc}") from None
 

@@ -80,12 +80,12 @@ def comparable_settings(path: str | Path) -> dict[str, Any]:
 
     Parsed and instantiated exactly as ``fedhet fit --config PATH`` does (defaults filled in).
     """
-    from fedhet.cli import _instantiate, _parse, _prepare_args, build_parser
+    from fedhet.config import build_parser, instantiate, parse_config, prepare_args
     from fedhet.models import resolve_family
 
     parser = build_parser()
-    config = _parse(parser, _prepare_args(["--config", str(path)]))
-    objects = _instantiate(parser, config)
+    config = parse_config(parser, prepare_args(["--config", str(path)]))
+    objects = instantiate(parser, config)
     method = objects.method
     caps = method.capabilities
     flat = {

@@ -18,8 +18,8 @@ Resumable: the state is kept in ``DIR/sweep.json``; running the same command aga
 finished runs and starts the rest (for a grid: the points not yet finished). The results, the
 sweep metric per run sorted by the goal, go to stdout (Markdown) and ``DIR/sweep_results.{md,json}``.
 
-:func:`parse_accepting_none` is the command line's side of sweeps: W&B renders a YAML ``null``
-as ``--key=None``, which the jsonargparse parser reads as the string "None".
+:func:`fedhet.config.parse_accepting_none` is the config layer's side of sweeps: W&B renders a
+YAML ``null`` as ``--key=None``, which the jsonargparse parser would read as the string "None".
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from fedhet.bench import child_environment, default_threads, last_log_line, run_process
+from fedhet.config import parse_accepting_none  # noqa: F401  (re-exported: the sweep side of null values)
 from fedhet.errors import CommandParser, ConfigError, FedhetError
 from fedhet.files import atomic_write_text
 from fedhet.sweep_engine import Trial, check_spec, propose
@@ -49,47 +50,9 @@ from fedhet.sweep_engine import Trial, check_spec, propose
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 #: The command that works for fedhet, offline and with ``wandb agent``.
 WORKING_COMMAND = "[${env}, ${interpreter}, -m, fedhet, fit, --config, X.yaml, ${args}]"
-NULL_SPELLINGS = ("None", "none")
 ENVVAR = re.compile(r"\$\{envvar\:([A-Z0-9_]*)\}")
 #: What ``sweep_results.json`` keeps of each run.
 RESULT_KEYS = ("name", "params", "flags", "metric", "state", "exit_code", "seconds", "run_dir", "log", "error")
-
-
-# ---------------------------------------------------------------------------------------------- None values
-def _with_null(args: Sequence[str], spellings: Sequence[str]) -> list[str]:
-    """``--key=None`` / ``--key None`` (for the given spellings) rewritten as ``null``."""
-    out: list[str] = []
-    previous = ""
-    for arg in args:
-        if arg.startswith("--") and "=" in arg:
-            key, value = arg.split("=", 1)
-            out.append(f"{key}=null" if value in spellings else arg)
-        elif arg in spellings and previous.startswith("--") and "=" not in previous:
-            out.append("null")
-        else:
-            out.append(arg)
-        previous = arg
-    return out
-
-
-def parse_accepting_none(parser: Any, args: Sequence[str]) -> Any:
-    """Parse ``args``, reading ``None`` and ``none`` as null for optional values.
-
-    ``None`` is what W&B's agent writes for a swept ``null`` (it formats ``f"--{key}={value}"``),
-    and no fedhet option takes the string "None", so it is always null. Lowercase ``none`` is a
-    legitimate choice of some options (e.g. FCCL+'s ``local_distillation``), so the arguments are
-    first parsed as written and ``none`` is read as null only when that fails.
-    """
-    args = _with_null(args, ("None",))
-    if not any(a == "none" or a.endswith("=none") for a in args):
-        return parser.parse_args(args)
-    try:
-        return parser.parse_args(args)
-    except Exception as exc:  # e.g. --feature_dim=none: an int or null, so null was meant
-        try:
-            return parser.parse_args(_with_null(args, NULL_SPELLINGS))
-        except Exception:
-            raise exc from None
 
 
 # ---------------------------------------------------------------------------------------------- the sweep config
@@ -360,12 +323,12 @@ class Sweep:
 
     def validate(self, run: dict[str, Any]) -> None:
         """Parse a run's ``fedhet fit`` arguments in-process: bad keys or values fail before any run starts."""
-        from fedhet.cli import _parse, build_parser
+        from fedhet.config import build_parser, parse_config
 
         if self._parser is None:
             self._parser = build_parser()
         command = run["command"]
-        _parse(self._parser, command[(_fit_position(command) or 0) + 1 :])
+        parse_config(self._parser, command[(_fit_position(command) or 0) + 1 :])
 
     # running -------------------------------------------------------------------------------------
     def run(

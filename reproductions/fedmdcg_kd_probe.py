@@ -36,7 +36,7 @@ from fedmdcg_privacy import CODE_FLAGS, OUT, scenario  # noqa: E402  (this folde
 from fedhet.algorithms.fedmdcg import FedMDCG  # noqa: E402
 from fedhet.algorithms.shared_generators import GeneratorClassifierServer  # noqa: E402
 from fedhet.core.state import clone_state, copy_state_into  # noqa: E402
-from fedhet.federation import FederationLoop  # noqa: E402
+from fedhet.federation import FederationLoop, FederationSettings  # noqa: E402
 from fedhet.federation.trainer import TrainerTemplate  # noqa: E402
 
 
@@ -133,7 +133,7 @@ def main() -> None:
     probe = Probe()
     loop = FederationLoop(
         algorithm, scenario(args.seed, args.omega), ["lenet5"] * 10, TrainerTemplate(max_epochs=1, accelerator="cpu"),
-        rounds=args.rounds, seed=args.seed, eval_every=1, callbacks=[probe],
+        rounds=args.rounds, seed=args.seed, settings=FederationSettings(eval_every=1), callbacks=[probe],
     )  # fmt: skip
     started = time.perf_counter()
     loop.run()

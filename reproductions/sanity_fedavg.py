@@ -23,7 +23,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from fedhet.algorithms import FedAvg, Local
 from fedhet.algorithms.base import ClientModule
 from fedhet.data import DirichletPartitioner, IIDPartitioner, LabelSkewScenario, TensorBatchLoader, concat_tensor_data
-from fedhet.federation import FederationLoop, TrainerTemplate
+from fedhet.federation import FederationLoop, FederationSettings, TrainerTemplate
 from fedhet.federation.trainer import silence_lightning
 from fedhet.models import create_model
 
@@ -37,7 +37,7 @@ def scenario(partitioner, seed: int) -> LabelSkewScenario:
 def federated(algorithm, data: LabelSkewScenario, model: str, rounds: int, epochs: int, seed: int) -> dict:
     loop = FederationLoop(
         algorithm, data, [model] * data.num_clients, TrainerTemplate(max_epochs=epochs, accelerator="cpu"),
-        rounds=rounds, seed=seed, eval_every=rounds,
+        rounds=rounds, seed=seed, settings=FederationSettings(eval_every=rounds),
     )
     return loop.run()["final"]
 

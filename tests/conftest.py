@@ -19,6 +19,22 @@ os.environ.setdefault("FEDHET_CACHE", tempfile.mkdtemp(prefix="fedhet-test-cache
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 
+def loop_args(kwargs: dict) -> dict:
+    """``FederationLoop`` keyword arguments with the round-loop settings among them gathered into ``settings``.
+
+    Test helpers take settings such as ``participation=2`` next to the loop's own arguments;
+    the loop takes them as one :class:`~fedhet.federation.FederationSettings`.
+    """
+    import inspect
+
+    from fedhet.federation import FederationSettings
+
+    fields = set(inspect.signature(FederationSettings).parameters)
+    settings = {key: kwargs[key] for key in kwargs if key in fields}
+    rest = {key: value for key, value in kwargs.items() if key not in fields}
+    return {**rest, "settings": FederationSettings(**settings)} if settings else rest
+
+
 def tiny_domain_shift(**overrides):
     """A three-domain Digits scenario of 32 private images per client, with 64 public photos."""
     from fedhet.data import DomainShiftScenario

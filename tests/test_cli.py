@@ -232,7 +232,7 @@ def test_sweep_agent_command_line_form(run_dir, capsys):
 
 def test_every_experiment_config_parses():
     """Every shipped experiment config parses."""
-    from fedhet.cli import build_parser
+    from fedhet.config import build_parser
 
     parser = build_parser()
     configs = sorted((ROOT / "configs/experiments").rglob("*.yaml"))
@@ -245,8 +245,8 @@ def test_sweep_configs_expand_to_valid_command_lines():
     """Every sweep's parameters, expanded as the W&B agent does (--key=value after the config), parse."""
     import itertools
 
-    from fedhet.cli import build_parser
-    from fedhet.sweep import fit_index, parse_accepting_none
+    from fedhet.config import build_parser, parse_accepting_none
+    from fedhet.sweep import fit_index
 
     parser = build_parser()
     sweeps = sorted((ROOT / "configs/sweeps").glob("*.yaml"))

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from fedhet import __version__
-from fedhet.catalog import METHODS, MODELS, list_families
-from fedhet.cli import _prepare_args, build_parser, main
+from fedhet.catalog import METHODS, list_families
+from fedhet.cli import main
+from fedhet.config import build_parser, prepare_args
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,21 +34,36 @@ def _only_line(err: str) -> str:
 
 def _parse(args):
     parser = build_parser()
-    return parser.parse_args(_prepare_args(args))
+    return parser.parse_args(prepare_args(args))
 
 
 def test_catalog_matches_the_registries():
-    """The static name table equals the real method, model and family registries."""
+    """The static name table is what ``python -m fedhet.catalog --write`` generates from the real registries."""
+    import fedhet.catalog as catalog
     from fedhet.algorithms import ALGORITHMS
     from fedhet.models import list_families as real_families
-    from fedhet.models import list_models
 
-    assert list(METHODS) == list(ALGORITHMS)
+    text = Path(catalog.__file__).read_text(encoding="utf-8")
+    stale = "fedhet/catalog.py is stale: run python -m fedhet.catalog --write"
+    assert catalog.current_block(text) == catalog.render(), stale
     for name, path in METHODS.items():
         module, _, cls = path.rpartition(".")
         assert getattr(sys.modules[module], cls) is ALGORITHMS[name], name
-    assert sorted(MODELS) == list_models()
     assert list_families() == real_families()
+
+
+def test_the_catalog_command_reports_a_stale_table(tmp_path, monkeypatch, capsys):
+    """A table missing a registered method is stale: the check exits 1 and ``--write`` restores the table."""
+    import fedhet.catalog as catalog
+
+    copy = tmp_path / "catalog.py"
+    source = Path(catalog.__file__).read_text(encoding="utf-8")
+    copy.write_text(source.replace('    "fedavg": "fedhet.algorithms.FedAvg",\n', ""), encoding="utf-8")
+    monkeypatch.setattr(catalog, "__file__", str(copy))
+    assert catalog.main([]) == 1
+    assert "python -m fedhet.catalog --write" in capsys.readouterr().err
+    assert catalog.main(["--write"]) == 0
+    assert copy.read_text(encoding="utf-8") == source
 
 
 @pytest.mark.parametrize(
@@ -142,7 +158,7 @@ def test_version_and_help(capsys):
 def test_resume_flag_is_not_saved_in_configs(tmp_path):
     """--resume is declared for --help only: the resolved config has no resume key."""
     parser = build_parser()
-    config = parser.parse_args(_prepare_args(["--config", DIGITS]))
+    config = parser.parse_args(prepare_args(["--config", DIGITS]))
     assert "resume" not in yaml.safe_load(parser.dump(config))
 
 

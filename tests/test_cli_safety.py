@@ -173,7 +173,7 @@ def test_every_method_checks_its_optimizer_ranges():
 def test_python_callers_pass_plain_floats_and_the_cli_builds_plain_numbers():
     """Annotations do not bind Python callers; values built by the command line are plain floats."""
     from fedhet.algorithms import FedProto
-    from fedhet.cli import build_experiment, build_parser
+    from fedhet.config import build_experiment, build_parser
 
     assert FedProto(lam=0.5, lr=0.1).lr == 0.1
     parser = build_parser()

@@ -20,7 +20,7 @@ DIGITS = str(ROOT / "configs/experiments/digits/fedproto.yaml")
 @pytest.fixture(scope="module")
 def parser():
     """The fedhet fit parser, built once for the module."""
-    from fedhet.cli import build_parser
+    from fedhet.config import build_parser
 
     return build_parser()
 
@@ -34,17 +34,17 @@ def _error_line(err: str) -> str:
 @pytest.mark.parametrize("args", [["--feature_dim=None"], ["--feature_dim", "None"], ["--feature_dim=none"]])
 def test_none_is_null_for_optional_values(parser, args):
     """A swept null arrives as ``--key=None`` (W&B's rendering) and is read as null."""
-    from fedhet.cli import _parse
+    from fedhet.config import parse_config
 
-    assert _parse(parser, ["--config", DIGITS, *args]).feature_dim is None
-    assert _parse(parser, ["--config", DIGITS, "--wandb.entity=None"]).wandb.entity is None
+    assert parse_config(parser, ["--config", DIGITS, *args]).feature_dim is None
+    assert parse_config(parser, ["--config", DIGITS, "--wandb.entity=None"]).wandb.entity is None
 
 
 def test_lowercase_none_stays_a_choice_where_it_is_one(parser):
     """``none`` is FCCL+'s "no local distillation" choice, not null."""
-    from fedhet.cli import _parse
+    from fedhet.config import parse_config
 
-    config = _parse(parser, ["--config", FCCL_PLUS, "--method.init_args.local_distillation=none"])
+    config = parse_config(parser, ["--config", FCCL_PLUS, "--method.init_args.local_distillation=none"])
     assert config.method.init_args.local_distillation == "none"
 
 
@@ -121,7 +121,7 @@ def test_random_and_bayes_proposals_are_seeded_and_use_results(tmp_path):
 
 def test_shipped_sweeps_parse_and_stay_offline(parser):
     """Every configs/sweeps/*.yaml is a valid sweep whose runs parse, and none forces online mode."""
-    from fedhet.cli import _parse
+    from fedhet.config import parse_config
 
     for path in sorted((ROOT / "configs/sweeps").glob("*.yaml")):
         spec = load_sweep(path)
@@ -131,7 +131,7 @@ def test_shipped_sweeps_parse_and_stay_offline(parser):
         fit_args = run["command"][run["command"].index("fit") + 1 :]
         config_at = fit_args.index("--config") + 1
         fit_args[config_at] = str(ROOT / fit_args[config_at])
-        _parse(parser, fit_args)
+        parse_config(parser, fit_args)
 
 
 def test_agent_runs_log_online_unless_told_otherwise(monkeypatch):

@@ -11,6 +11,7 @@ from fedhet.federation.loop import FederationLoop, check_compatibility
 from fedhet.federation.lr_schedule import LRSchedule
 from fedhet.federation.ray_executor import RayExecutor  # imports Ray only when one is built
 from fedhet.federation.runtime import ClientResult, ClientRuntime, ClientTask, RuntimeRecipe
+from fedhet.federation.settings import FederationSettings
 from fedhet.federation.state import ClientStateStore, DiskStateStore, MemoryStateStore
 from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
 
@@ -25,6 +26,7 @@ __all__ = [
     "DiskStateStore",
     "Executor",
     "FederationLoop",
+    "FederationSettings",
     "LRSchedule",
     "MemoryStateStore",
     "Payload",

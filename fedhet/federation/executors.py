@@ -115,7 +115,7 @@ def build_worker_runtime(recipe: RuntimeRecipe, threads: int) -> ClientRuntime:
     os.environ.setdefault("MKL_DYNAMIC", "FALSE")
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
-    from fedhet.federation.trainer import silence_lightning
+    from fedhet.core.quiet import silence_lightning
 
     silence_lightning()
     return recipe.build()

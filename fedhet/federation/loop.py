@@ -18,24 +18,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from fedhet.algorithms.base import Algorithm, ClientStates, ClientUpload, RunPhase, ServerContext
 from fedhet.core.payloads import Payload
+from fedhet.core.quiet import silence_lightning
 from fedhet.errors import ConfigError, TrainingError
-from fedhet.federation.executors import Executor, SequentialExecutor
+from fedhet.federation.executors import SequentialExecutor
 from fedhet.federation.ledger import CommunicationLedger
 from fedhet.federation.lr_schedule import LRSchedule
-from fedhet.federation.privacy import PayloadNoise
 from fedhet.federation.runtime import FEDERATION, ClientRuntime, ClientTask, RuntimeRecipe
 from fedhet.federation.sampling import clients_per_round, sample_clients
+from fedhet.federation.settings import FederationSettings
 from fedhet.federation.state import ClientStateStore, MemoryStateStore
-from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate, silence_lightning
+from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
 from fedhet.metrics import BestTracker, ClientSetAccuracy, round_metrics
 from fedhet.metrics.report import HEADLINE, SERVER_KEY, as_matrix_list, mean_last
 from fedhet.seeding import derive_seed, seeded
@@ -44,8 +45,6 @@ log = logging.getLogger("fedhet")
 
 #: Above this many clients, ``eval_clients: auto`` evaluates the round's participants only.
 EVAL_ALL_UP_TO = 100
-
-EvalClients = Literal["auto", "all", "participants"] | int
 
 
 class RoundCallback(Protocol):
@@ -123,35 +122,17 @@ class FederationLoop:
         trainer: Trainer template of client fits (local budget, accelerator, precision ...).
         rounds: number of communication rounds.
         seed: experiment seed (initialisation, sampling, batch order).
-        participation: fraction (float) or count (int) of clients per round.
-        eval_every: evaluate every this many rounds (the last round is always evaluated).
+        settings: the round-loop settings (``federation:`` in a config: participation,
+            evaluation, executor, noise, targets ...), documented and checked in
+            :class:`~fedhet.federation.settings.FederationSettings`; ``None``: its defaults.
         server_trainer: Trainer template of trained server stages (hardware and numerics only;
             budgets are the method's).
-        state_store: where client states live (default: in memory).
-        executor: where client steps run (default: sequential, in-process).
+        state_store: where client states live (default: in memory; ``settings.state_store`` is
+            the command line's choice of store, made before the loop is built).
         callbacks: round observers.
-        persist_optimizer_state: carry client optimizer state across rounds.
+        recipe: how a worker rebuilds this run's client runtime (built from the objects when ``None``).
         feature_dim: common feature dimension added as a linear neck to every backbone (``None``: none).
         family_name: name of the model family, for messages.
-        upload_noise: Gaussian perturbation of every upload (privacy studies; ``None``: none).
-        download_noise: Gaussian perturbation of every download (``None``: none).
-        eval_clients: which clients are evaluated: ``"all"``, ``"participants"`` (the round's),
-            a number sampled per evaluation (seeded), or ``"auto"`` (all up to 100 clients,
-            participants above).
-        extra_rounds: full-participation rounds after the federated rounds (an ``after`` phase
-            named ``extra``; FedVTC gives its baselines five so budgets match).
-        recipe: how a worker rebuilds this run's client runtime (built from the objects when ``None``).
-        on_invalid_upload: ``"fail"`` (stop with one line naming the sender) or ``"drop"`` (the
-            round goes on without it; dropped uploads are counted in ``comm/dropped_uploads``).
-        lr_schedule: per-round factor on every client learning rate, local and public phase, for
-            every method alike (``None``: constant rates; :mod:`fedhet.federation.lr_schedule`).
-        upload_norm_bound: refuse an upload whose update norm (upload minus the download the
-            client received, or the upload itself when there is none) exceeds this multiple of
-            the round's median, naming the sender, so a poisoned upload is caught where it
-            enters (``None``: no bound).
-        eval_after_local_training: also evaluate every client's model as its last local training
-            left it (``pre/`` metrics) where the method scores clients after the download, e.g.
-            FedAvg's global model: the FCCL+ authors score homogeneous clients this way.
     """
 
     def __init__(
@@ -162,35 +143,19 @@ class FederationLoop:
         trainer: TrainerTemplate,
         rounds: int,
         seed: int = 0,
-        participation: float | int = 1.0,
-        eval_every: int = 1,
+        settings: FederationSettings | None = None,
         server_trainer: ServerTrainerTemplate | None = None,
         state_store: ClientStateStore | None = None,
-        executor: Executor | None = None,
         callbacks: Sequence[RoundCallback] = (),
-        persist_optimizer_state: bool = True,
+        recipe: RuntimeRecipe | None = None,
         feature_dim: int | None = None,
         family_name: str = "custom",
-        upload_noise: PayloadNoise | None = None,
-        download_noise: PayloadNoise | None = None,
-        eval_clients: EvalClients = "auto",
-        extra_rounds: int = 0,
-        recipe: RuntimeRecipe | None = None,
-        on_invalid_upload: Literal["fail", "drop"] = "fail",
-        upload_norm_bound: float | None = None,
-        target_accuracy: Mapping[str, float | Sequence[float]] | None = None,
-        lr_schedule: LRSchedule | None = None,
-        eval_after_local_training: bool = False,
     ) -> None:
         if rounds < 1:
             raise ConfigError(f"rounds={rounds}: run at least one round")
-        if eval_every < 1:
-            raise ConfigError(f"federation.eval_every={eval_every}: must be >= 1")
-        if extra_rounds < 0:
-            raise ConfigError(f"federation.extra_rounds={extra_rounds}: must be >= 0")
-        if isinstance(eval_clients, int) and not isinstance(eval_clients, bool) and eval_clients < 1:
-            raise ConfigError(f"federation.eval_clients={eval_clients}: evaluate at least one client")
+        settings = settings if settings is not None else FederationSettings()
         silence_lightning()
+        self.settings = settings
         self.algorithm = algorithm
         self.scenario = scenario
         self.architectures = list(architectures)
@@ -200,35 +165,14 @@ class FederationLoop:
         )
         self.rounds = rounds
         self.seed = seed
-        self.participation = participation
-        self.eval_every = eval_every
         self.store = state_store or MemoryStateStore()
-        self.executor = executor or SequentialExecutor()
+        self.executor = settings.executor or SequentialExecutor()
         self.callbacks = list(callbacks)
         self.family_name = family_name
-        self.persist_optimizer_state = persist_optimizer_state
-        self.upload_noise = upload_noise
-        self.download_noise = download_noise
-        self.eval_clients = eval_clients
-        self.extra_rounds = extra_rounds
-        self.eval_after_local_training = eval_after_local_training
-        if on_invalid_upload not in ("fail", "drop"):
-            raise ConfigError(f"federation.on_invalid_upload={on_invalid_upload!r}: use 'fail' or 'drop'")
-        if upload_norm_bound is not None and upload_norm_bound <= 1.0:
-            raise ConfigError(
-                f"federation.upload_norm_bound={upload_norm_bound}: must be > 1 (a multiple of the median)"
-            )
-        self.on_invalid_upload = on_invalid_upload
-        self.target_accuracy = {
-            key: [float(t) for t in (targets if isinstance(targets, Sequence) else [targets])]
-            for key, targets in (target_accuracy or {}).items()
-        }
-        for key, targets in self.target_accuracy.items():
-            if not targets or not all(0.0 < t <= 100.0 for t in targets):
-                raise ConfigError(
-                    f"federation.target_accuracy.{key}={targets}: give one or more percentages in (0, 100]"
-                )
-        self.upload_norm_bound = upload_norm_bound
+        self.target_accuracy = settings.targets()
+        participation = settings.participation
+        upload_noise, download_noise = settings.upload_noise, settings.download_noise
+        persist_optimizer_state = settings.persist_optimizer_state
 
         scenario.setup()
         if len(self.architectures) != scenario.num_clients:
@@ -240,7 +184,7 @@ class FederationLoop:
                 f"{algorithm.name} exchanges outputs batch by batch in a lock-step phase, which the upload/"
                 "download noise of privacy studies does not cover; drop federation.upload_noise/download_noise"
             )
-        self.lr_schedule = lr_schedule or LRSchedule()
+        self.lr_schedule = settings.lr_schedule or LRSchedule()
         self.runtime = ClientRuntime(
             algorithm,
             scenario,
@@ -306,15 +250,15 @@ class FederationLoop:
 
     def _build_schedule(self) -> list[Step]:
         phases = list(self.algorithm.phases())
-        if self.extra_rounds:
-            phases.append(RunPhase("extra", "after", rounds=self.extra_rounds, participation=None))
+        if self.settings.extra_rounds:
+            phases.append(RunPhase("extra", "after", rounds=self.settings.extra_rounds, participation=None))
         names = [p.name for p in phases]
         if len(set(names)) != len(names) or FEDERATION in names:
             raise ConfigError(f"{self.algorithm.name} declares run phases with clashing names: {names}")
         steps: list[Step] = []
         for phase in (p for p in phases if p.when == "before"):
             steps += [Step(phase.name, i, phase.participation, phase.exchange) for i in range(phase.rounds)]
-        steps += [Step(FEDERATION, r, self.participation) for r in range(self.rounds)]
+        steps += [Step(FEDERATION, r, self.settings.participation) for r in range(self.rounds)]
         for phase in (p for p in phases if p.when == "after"):
             steps += [Step(phase.name, i, phase.participation, phase.exchange) for i in range(phase.rounds)]
         return steps
@@ -366,8 +310,8 @@ class FederationLoop:
             self.store.put(result.client_id, step_idx, result.state)
             if result.upload is not None:
                 upload = result.upload
-                if self.upload_noise is not None:
-                    upload = self.upload_noise.perturb(
+                if self.settings.upload_noise is not None:
+                    upload = self.settings.upload_noise.perturb(
                         upload, derive_seed(self.seed, "upload-noise", step_idx, result.client_id)
                     )
                 self.ledger.record_up(upload.nbytes())
@@ -390,7 +334,7 @@ class FederationLoop:
                 record[f"client/{result.client_id}/{name}"] = value
         record.update({f"server/{k}": v for k, v in self.server.metrics().items()})
         record.update(self.ledger.end_round(step_idx, len(selected)))
-        if self.on_invalid_upload == "drop":
+        if self.settings.on_invalid_upload == "drop":
             record["comm/dropped_uploads"] = len(received) - len(uploads)
         self.store.commit(step_idx)
 
@@ -398,7 +342,7 @@ class FederationLoop:
         last = step_idx == len(self.schedule) - 1
         if (
             not step.is_round
-            or (step.phase_step + 1) % self.eval_every == 0
+            or (step.phase_step + 1) % self.settings.eval_every == 0
             or last
             or step.phase_step == self.rounds - 1
         ):
@@ -418,25 +362,26 @@ class FederationLoop:
             try:
                 upload.payload.validate(f"client {upload.client_id}")
             except TrainingError as error:
-                if self.on_invalid_upload == "fail":
+                if self.settings.on_invalid_upload == "fail":
                     raise
                 log.warning("dropped the upload of client %d in round %d: %s", upload.client_id, step_idx, error)
                 continue
             accepted.append(upload)
-            if self.upload_norm_bound is not None:
+            if self.settings.upload_norm_bound is not None:
                 norms.append(update_norm(upload.payload, self._downloads.get((step_idx, upload.client_id))))
-        if self.upload_norm_bound is None or len(accepted) < 3:
+        if self.settings.upload_norm_bound is None or len(accepted) < 3:
             return accepted
         median = float(torch.tensor(norms, dtype=torch.float64).median())
         kept = []
         for upload, norm in zip(accepted, norms, strict=True):
-            if norm > self.upload_norm_bound * median:
+            if norm > self.settings.upload_norm_bound * median:
                 message = (
                     f"client {upload.client_id} sent an update of norm {norm:.4g} in round {step_idx}, "
                     f"{norm / max(median, 1e-30):.3g}x the round's median {median:.4g} (bound "
-                    f"{self.upload_norm_bound}); a diverged or poisoned client, or raise federation.upload_norm_bound"
+                    f"{self.settings.upload_norm_bound}); a diverged or poisoned client, or raise "
+                    "federation.upload_norm_bound"
                 )
-                if self.on_invalid_upload == "fail":
+                if self.settings.on_invalid_upload == "fail":
                     raise TrainingError(message)
                 log.warning("dropped: %s", message)
                 continue
@@ -465,8 +410,8 @@ class FederationLoop:
         key = (step_idx, client_id)
         if key not in self._downloads:
             download = self.server.download_for(client_id)
-            if download is not None and self.download_noise is not None:
-                download = self.download_noise.perturb(
+            if download is not None and self.settings.download_noise is not None:
+                download = self.settings.download_noise.perturb(
                     download, derive_seed(self.seed, "download-noise", step_idx, client_id)
                 )
             self._downloads[key] = download
@@ -476,7 +421,7 @@ class FederationLoop:
     def clients_to_evaluate(self, step_idx: int) -> list[int]:
         """The clients evaluated after step ``step_idx`` (see ``eval_clients``)."""
         num = self.scenario.num_clients
-        mode = self.eval_clients
+        mode = self.settings.eval_clients
         if mode == "auto":
             mode = "all" if num <= EVAL_ALL_UP_TO else "participants"
         if mode == "all":
@@ -517,7 +462,7 @@ class FederationLoop:
     def evaluation_targets(self) -> tuple[str, ...]:
         """The method's targets, plus the clients before the download when asked (``pre/`` metrics)."""
         targets = tuple(self.algorithm.evaluation)
-        if self.eval_after_local_training and "clients_before_download" not in targets:
+        if self.settings.eval_after_local_training and "clients_before_download" not in targets:
             targets += ("clients_before_download",)
         return targets
 

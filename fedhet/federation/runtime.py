@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,9 +85,12 @@ class CollaborationResult:
 class RuntimeRecipe:
     """A picklable description from which a worker rebuilds the same :class:`ClientRuntime`.
 
-    Either ``config_yaml`` (the resolved ``fedhet fit`` config, rebuilt with the CLI's parser)
-    or the plain objects themselves (algorithm, scenario, trainer: picklable configuration
-    objects, no live modules) describe the run.
+    Either ``config_yaml`` (the resolved ``fedhet fit`` config) with ``rebuild``, the function
+    that turns it back into (algorithm, scenario, client Trainer template), or the plain
+    objects themselves (picklable configuration objects, no live modules) describe the run.
+    ``rebuild`` is handed in by the layer that parses configs
+    (:func:`fedhet.config.build_objects_from_yaml`) and pickled by reference, so this layer
+    never imports the config layer or the command line above it.
     """
 
     architectures: tuple[str, ...]
@@ -100,14 +103,15 @@ class RuntimeRecipe:
     scenario: Any = None
     trainer: TrainerTemplate | None = None
     lr_schedule: LRSchedule | None = None
+    rebuild: Callable[[str], tuple[Algorithm, Any, TrainerTemplate]] | None = None
 
     def build(self) -> ClientRuntime:
         """The runtime this recipe describes (its scenario set up; modules built on first use)."""
         algorithm, scenario, trainer = self.algorithm, self.scenario, self.trainer
         if self.config_yaml is not None:
-            from fedhet.cli import build_objects_from_yaml
-
-            algorithm, scenario, trainer = build_objects_from_yaml(self.config_yaml)
+            if self.rebuild is None:
+                raise ValueError("a RuntimeRecipe with config_yaml needs rebuild (the config layer's builder)")
+            algorithm, scenario, trainer = self.rebuild(self.config_yaml)
         if algorithm is None or scenario is None or trainer is None:
             raise ValueError("a RuntimeRecipe needs config_yaml or algorithm, scenario and trainer")
         scenario.setup()

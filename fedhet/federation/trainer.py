@@ -10,8 +10,6 @@ captures it at the end (NVFlare's ``RestoreState`` pattern).
 
 from __future__ import annotations
 
-import logging
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -20,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from fedhet.core.quiet import silence_lightning  # noqa: F401  (re-exported: the loop's callers use it)
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError
 from fedhet.hparams import Fraction, NonNegativeFloat, PositiveInt
@@ -88,20 +87,6 @@ def cache_callback_discovery() -> None:
 
     callback_connector._load_external_callbacks = load_external_callbacks  # type: ignore[attr-defined]
     _DISCOVERY_CACHED = True
-
-
-def silence_lightning() -> None:
-    """Keep warnings, drop the per-Trainer INFO chatter ("GPU available ...") and tiny-loader hints."""
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*number of training batches.*smaller than the logging interval.*")
-    warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
-    # client modules keep a validation_step for standalone use; the round loop evaluates itself
-    warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")
-    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
-    # frozen sub-modules (teachers, FedKTL's pretrained generator) stay in eval mode on purpose
-    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
 
 
 class ResidentDeviceStrategy(SingleDeviceStrategy):

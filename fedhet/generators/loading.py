@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedhet.generators.artifacts import load_artifact
 from fedhet.generators.base import DEFAULT_GENERATOR, GeneratorAdapter, check_artifact_name
-from fedhet.generators.pretrain import ensure_artifact, load_artifact
+from fedhet.generators.pretrain import ensure_artifact
 from fedhet.generators.stylegan import StyleGeneratorAdapter
 
 

@@ -24,23 +24,13 @@ automatically the first time :func:`~fedhet.generators.load_generator` needs the
   MNIST scenarios' clients do not hold (the *training* splits of ``uci``, ``mnistm`` and ``syn``,
   and the ``photos`` crops), drawn source-balanced and augmented (:func:`augment_pool_batch`).
 
-Artifact, under ``<cache>/generators/`` (``$FEDHET_CACHE`` or ``~/.cache/fedhet``):
-
-* ``<name>.pt``: the EMA generator's state dict only (loaded with ``weights_only=True``);
-* ``<name>.json``: architecture config, training settings, wall time and the sha256 of
-  ``<name>.pt`` (written last, so a half-written artifact is never taken for a complete one);
-  loading verifies the checksum;
-* ``<name>.png``: an 8x8 grid of samples for a human to check.
-
-Building holds an exclusive lock on ``<cache>/generators/.<name>.lock`` (``fcntl.flock`` where the
-platform has it) and every file is written to a temporary file and renamed (``os.replace``), so
-two processes that need the same missing artifact at once build it once and both load it whole.
+The artifact's files, checksum, loading and build lock are :mod:`fedhet.generators.artifacts`;
+the GAN losses :mod:`fedhet.functional.gan`; the ``fedhet pretrain-generator`` command
+:mod:`fedhet.generators.command`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -56,16 +46,21 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from fedhet.core.state import atomic_torch_save, safe_torch_load
-from fedhet.errors import CheckpointError, ConfigError, TrainingError
-from fedhet.generators.base import DEFAULT_GENERATOR, check_artifact_name, generators_dir
-from fedhet.generators.stylegan import Discriminator, StyleGenerator, StyleGeneratorAdapter, StyleGeneratorConfig
+from fedhet.errors import ConfigError, TrainingError
+from fedhet.functional.gan import (
+    discriminator_logistic_loss,
+    ema_update,
+    generator_nonsaturating_loss,
+    r1_penalty,
+)
+from fedhet.generators.artifacts import artifact_paths, build_command, build_lock, write_artifact
+from fedhet.generators.base import DEFAULT_GENERATOR, check_artifact_name
+from fedhet.generators.stylegan import Discriminator, StyleGenerator, StyleGeneratorConfig
 from fedhet.seeding import derive_seed, seeded
 
 __all__ = [
-    "ARTIFACT_FORMAT",
     "AUTO_PRETRAIN_ENV",
     "DEFAULT_STEPS",
     "EMBEDDED_RECIPES",
@@ -73,22 +68,11 @@ __all__ = [
     "EmbeddedRecipe",
     "GeneratorPretraining",
     "augment_pool_batch",
-    "build_command",
-    "discriminator_logistic_loss",
-    "ema_update",
     "ensure_artifact",
-    "generator_nonsaturating_loss",
-    "load_artifact",
-    "pretrain_command",
     "pretrain_generator",
-    "r1_penalty",
-    "save_sample_grid",
 ]
 
 log = logging.getLogger("fedhet")
-
-ARTIFACT_FORMAT = 1
-"""Version of the artifact layout; bump when the sidecar or the architecture changes."""
 
 DEFAULT_STEPS = 1500
 """Default training steps (one discriminator and one generator update each): 0.26 CPU-seconds per
@@ -139,39 +123,6 @@ EMBEDDED_RECIPES: dict[str, EmbeddedRecipe] = {
 built from MNIST split B, disjoint from the ``mnist`` domain's split A, so the clients of the
 MNIST label-skew scenarios never hold one of its digits; it must not be used where clients
 hold ``uci``, ``mnistm`` or ``syn`` (the multi-domain Digits scenarios)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Losses (pure functions)
-# --------------------------------------------------------------------------------------------
-
-
-def discriminator_logistic_loss(real_logits: Tensor, fake_logits: Tensor) -> Tensor:
-    """``mean softplus(-D(x)) + mean softplus(D(G(z)))``: the discriminator's logistic GAN loss."""
-    return F.softplus(-real_logits).mean() + F.softplus(fake_logits).mean()
-
-
-def generator_nonsaturating_loss(fake_logits: Tensor) -> Tensor:
-    """``mean softplus(-D(G(z)))``: the non-saturating generator loss (Goodfellow et al., 2014)."""
-    return F.softplus(-fake_logits).mean()
-
-
-def r1_penalty(real_logits: Tensor, real_images: Tensor) -> Tensor:
-    """``mean_i ||d D(x_i) / d x_i||^2`` over the batch (Mescheder et al., 2018), differentiable.
-
-    ``real_images`` must require grad and ``real_logits`` must be computed from them.
-    """
-    (gradients,) = torch.autograd.grad(real_logits.sum(), real_images, create_graph=True)
-    return gradients.square().sum(dim=tuple(range(1, gradients.ndim))).mean()
-
-
-@torch.no_grad()
-def ema_update(average: nn.Module, current: nn.Module, decay: float) -> None:
-    """``average <- decay * average + (1 - decay) * current``, parameter by parameter (buffers copied)."""
-    for averaged, value in zip(average.parameters(), current.parameters(), strict=False):
-        averaged.lerp_(value, 1.0 - decay)
-    for averaged, value in zip(average.buffers(), current.buffers(), strict=False):
-        averaged.copy_(value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,97 +328,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-# --------------------------------------------------------------------------------------------
-# Artifact
-# --------------------------------------------------------------------------------------------
-
-
-def build_command(name: str = DEFAULT_GENERATOR, cache_dir: str | Path | None = None) -> str:
-    """The shell command that builds artifact ``name`` (for error messages)."""
-    command = "fedhet pretrain-generator"
-    if name != DEFAULT_GENERATOR:
-        command += f" --name {name}"
-    if cache_dir is not None:
-        command += f" --cache_dir {cache_dir}"
-    return command
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _artifact_paths(name: str, cache_dir: str | Path | None) -> tuple[Path, Path, Path]:
-    directory = generators_dir(cache_dir)
-    return directory / f"{name}.pt", directory / f"{name}.json", directory / f"{name}.png"
-
-
-def load_artifact(name: str = DEFAULT_GENERATOR, cache_dir: str | Path | None = None) -> StyleGeneratorAdapter:
-    """Load the pretrained generator ``name`` from ``<cache_dir>/generators/`` after checking its sha256.
-
-    Raises:
-        ConfigError: the artifact does not exist (the message names the command that builds it).
-        CheckpointError: the weights do not match the recorded checksum, or the files are corrupt.
-    """
-    weights, sidecar, _ = _artifact_paths(check_artifact_name(name), cache_dir)
-    command = build_command(name, cache_dir)
-    if not sidecar.is_file() or not weights.is_file():
-        raise ConfigError(
-            f"pretrained generator '{name}' not found in '{weights.parent}'; build it once with: {command}"
-        )
-    try:
-        meta = json.loads(sidecar.read_text(encoding="utf-8"))
-        config = StyleGeneratorConfig(**meta["config"])
-        expected = str(meta["sha256"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(
-            f"generator metadata '{sidecar}' is corrupt ({type(exc).__name__}); rebuild with: {command} --force"
-        ) from None
-    if _sha256(weights) != expected:
-        raise CheckpointError(
-            f"generator weights '{weights}' do not match the sha256 recorded in '{sidecar}' (corrupt or modified); "
-            f"rebuild with: {command} --force"
-        )
-    state = safe_torch_load(weights, f"generator '{name}' weights")
-    generator = StyleGenerator(config)
-    try:
-        generator.load_state_dict(state)
-    except (RuntimeError, TypeError, AttributeError) as exc:
-        raise CheckpointError(
-            f"generator weights '{weights}' do not fit the recorded architecture ({type(exc).__name__}); "
-            f"rebuild with: {command} --force"
-        ) from None
-    return StyleGeneratorAdapter(generator)
-
-
-@torch.no_grad()
-def save_sample_grid(
-    adapter: Any, path: str | Path, rows: int = 8, cols: int = 8, seed: int = 0, scale: int = 2
-) -> Path:
-    """Write a ``rows x cols`` PNG grid of ``adapter``'s samples (fixed latents from ``seed``)."""
-    from fedhet.data.montage import save_montage
-    from fedhet.data.tensors import TensorData
-
-    rng = torch.Generator().manual_seed(derive_seed(seed, "generator", "samples"))
-    images = adapter.synthesize(adapter.sample_w(rows * cols, generator=rng)).cpu()
-    pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    labels = torch.full((pixels.shape[0],), -1, dtype=torch.int64)
-    return save_montage(TensorData(x=pixels, y=labels), path, rows=rows, cols=cols, scale=scale)
-
-
 def _recipe_for(name: str) -> EmbeddedRecipe:
     """The recipe of an embedded artifact name; any other name gets the photo-crop recipe."""
     return EMBEDDED_RECIPES.get(name, EMBEDDED_RECIPES[DEFAULT_GENERATOR])
@@ -541,7 +401,7 @@ def pretrain_generator(
         raise ConfigError(
             f"config.resolution {config.resolution} differs from image_size {image_size}; make them equal"
         )
-    weights, sidecar, samples = _artifact_paths(name, cache_dir)
+    weights, sidecar, samples = artifact_paths(name, cache_dir)
     settings: dict[str, Any] = {
         "steps": steps,
         "seed": seed,
@@ -555,7 +415,7 @@ def pretrain_generator(
     }
     if augment:
         settings["augment"] = POOL_AUGMENT  # absent for the original recipe: its artifacts stay reusable
-    with _build_lock(weights.parent, name):
+    with build_lock(weights.parent, name):
         return _pretrain_locked(
             name,
             settings,
@@ -585,8 +445,8 @@ def _pretrain_locked(
     progress: bool | None,
 ) -> Path:
     """:func:`pretrain_generator` under the artifact's build lock: reuse, refuse or train and save."""
+    from fedhet.core.quiet import silence_lightning
     from fedhet.data import TensorBatchLoader, load_dataset
-    from fedhet.federation.trainer import silence_lightning
 
     steps, seed, image_size = settings["steps"], settings["seed"], settings["image_size"]
     batch_size, data_seed = settings["batch_size"], settings["data_seed"]
@@ -640,56 +500,9 @@ def _pretrain_locked(
         trainer.fit(module, train_dataloaders=batches)
     wall_s = time.perf_counter() - started
 
-    generator = module.generator_ema.cpu()
-    atomic_torch_save({k: v.detach().clone() for k, v in generator.state_dict().items()}, weights)
-    meta = {
-        "format": ARTIFACT_FORMAT,
-        "name": name,
-        "kind": "fedhet StyleGenerator (EMA weights)",
-        "config": config.to_dict(),
-        "training": settings,
-        "wall_s": round(wall_s, 1),
-        "torch": torch.__version__,
-        "sha256": _sha256(weights),
-    }
-    save_sample_grid(StyleGeneratorAdapter(deepcopy(generator)), samples, seed=seed)
-    _atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")  # last: marks the artifact complete
+    write_artifact(name, module.generator_ema.cpu(), config, settings, wall_s, (weights, sidecar, samples), seed)
     log.info("trained generator '%s' in %.0f s", name, wall_s)
     return weights
-
-
-@contextlib.contextmanager
-def _build_lock(directory: Path, name: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``<directory>/.<name>.lock`` (``fcntl.flock``; a no-op without it).
-
-    The OS releases the lock when its holder exits, so a killed build never blocks the next one.
-    Re-entrant within a process (:func:`ensure_artifact` holds it around :func:`pretrain_generator`).
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    path = (directory / f".{name}.lock").resolve()
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: the atomic renames still keep files whole
-        yield
-        return
-    if path in _HELD_LOCKS:
-        yield
-        return
-    with open(path, "a+b") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for another process that is building generator '%s'", name)
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        _HELD_LOCKS.add(path)
-        try:
-            yield
-        finally:
-            _HELD_LOCKS.discard(path)
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-_HELD_LOCKS: set[Path] = set()
 
 
 def ensure_artifact(name: str, cache_dir: str | Path | None = None) -> Path:
@@ -705,7 +518,7 @@ def ensure_artifact(name: str, cache_dir: str | Path | None = None) -> Path:
         ConfigError: the artifact is missing and ``$FEDHET_AUTO_PRETRAIN`` is ``0`` (the message
             names the command that builds it), or bad settings.
     """
-    weights, sidecar, _ = _artifact_paths(check_artifact_name(name), cache_dir)
+    weights, sidecar, _ = artifact_paths(check_artifact_name(name), cache_dir)
     if (sidecar.is_file() and weights.is_file()) or name not in EMBEDDED_RECIPES:
         return weights
     if os.environ.get(AUTO_PRETRAIN_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
@@ -713,7 +526,7 @@ def ensure_artifact(name: str, cache_dir: str | Path | None = None) -> Path:
             f"pretrained generator '{name}' not found in '{weights.parent}' and {AUTO_PRETRAIN_ENV}=0; "
             f"build it once with: {build_command(name, cache_dir)}"
         )
-    with _build_lock(weights.parent, name):
+    with build_lock(weights.parent, name):
         if sidecar.is_file() and weights.is_file():  # built by another process while we waited
             return weights
         recipe = EMBEDDED_RECIPES[name]
@@ -734,67 +547,3 @@ def ensure_artifact(name: str, cache_dir: str | Path | None = None) -> Path:
     return weights
 
 
-# --------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------
-
-
-def _build_parser() -> Any:
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(
-        prog="fedhet pretrain-generator",
-        description=(
-            "Pretrain FedKTL's small style generator on embedded public images (once per machine; "
-            f"FedKTL also builds {' and '.join(EMBEDDED_RECIPES)} by itself on first use)."
-        ),
-        exit_on_error=False,
-        default_meta=False,
-    )
-    parser.add_argument("--name", type=str, default=DEFAULT_GENERATOR, help="artifact name (load_generator(name))")
-    parser.add_argument("--steps", type=int | None, default=None, help=f"training steps (default {DEFAULT_STEPS})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, batch order and noise")
-    parser.add_argument("--image_size", type=int, default=32, help="image side: 32, or 16 for a cheaper generator")
-    parser.add_argument("--cache_dir", type=str | None, default=None, help="cache root (default $FEDHET_CACHE)")
-    parser.add_argument("--force", type=bool, default=False, help="overwrite an artifact built with other settings")
-    parser.add_argument(
-        "--sources",
-        type=list[str] | None,
-        default=None,
-        help=f"embedded datasets of the pool (default: the name's recipe, e.g. {POOL_GENERATOR}: "
-        f"{' '.join(EMBEDDED_RECIPES[POOL_GENERATOR].sources)}; other names: photos)",
-    )
-    parser.add_argument(
-        "--augment", type=bool | None, default=None, help="source-balanced, augmented batches (default: the recipe's)"
-    )
-    return parser
-
-
-def pretrain_command(args: Sequence[str]) -> str:
-    """Run ``fedhet pretrain-generator`` with ``args``; return the line to print.
-
-    Raises:
-        ConfigError: unparsable arguments or bad settings.
-    """
-    from jsonargparse import ArgumentError
-
-    # ``--force`` alone means ``--force true`` (jsonargparse wants a value for booleans).
-    expanded = [item for arg in args for item in (["--force", "true"] if arg == "--force" else [arg])]
-    parser = _build_parser()
-    try:
-        options = parser.parse_args(expanded)
-    except ArgumentError as exc:
-        message = " ".join(str(exc).split())
-        raise ConfigError(f"{message}; see 'fedhet pretrain-generator --help'") from None
-    weights = pretrain_generator(
-        name=options.name,
-        steps=options.steps,
-        seed=options.seed,
-        image_size=options.image_size,
-        cache_dir=options.cache_dir,
-        force=options.force,
-        progress=None,
-        sources=options.sources,
-        augment=options.augment,
-    )
-    return f"generator '{options.name}': {weights} (samples: {weights.with_suffix('.png')})"

@@ -26,19 +26,9 @@ from typing import Any
 
 from fedhet.core.state import atomic_torch_save, safe_torch_load
 from fedhet.errors import CheckpointError, ConfigError
+from fedhet.files import atomic_write_text
 
 CHECKPOINT_FORMAT = 1
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 class RunDirectory:

@@ -20,12 +20,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms import ALGORITHMS
 from fedhet.algorithms.base import ClientUpload, ServerContext
+from fedhet.core.payloads import Payload
 from fedhet.federation import FederationLoop
-from fedhet.federation.payloads import Payload
 from fedhet.federation.runtime import LossMeter
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 from fedhet.models import resolve_family
-from tests.conftest import SCENARIOS, tiny_label_skew
+from tests.conftest import SCENARIOS, loop_args, tiny_label_skew
 
 #: SGD settings of the bit-for-bit "limit" runs (FedProx mu=0, MOON mu=0, FedRS alpha=1 against FedAvg).
 SGD = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9}
@@ -130,7 +130,7 @@ def label_skew_run(
     scenario.setup()
     architectures = list(architectures or ["cnn_tiny"] * scenario.num_clients)
     trainer = TrainerTemplate(max_epochs=1, accelerator="cpu")
-    loop = FederationLoop(algorithm, scenario, architectures, trainer, rounds=rounds, seed=seed, **kwargs)
+    loop = FederationLoop(algorithm, scenario, architectures, trainer, rounds=rounds, seed=seed, **loop_args(kwargs))
     return loop, loop.run()
 
 
@@ -181,7 +181,7 @@ def tiny_loop(
         seed=seed,
         feature_dim=16 if caps.common_feature_dim else None,
         family_name=family,
-        **kwargs,
+        **loop_args(kwargs),
     )
 
 
@@ -243,7 +243,7 @@ def head_context(num_classes: int, feature_dim: int, head_weight: Tensor | None 
 
 def class_stats(values: Any, counts: Any, num_examples: int = 10) -> Payload:
     """A :class:`ClassStatsPayload` from nested lists."""
-    from fedhet.federation.payloads import ClassStatsPayload
+    from fedhet.core.payloads import ClassStatsPayload
 
     return ClassStatsPayload(values=torch.tensor(values), counts=torch.tensor(counts), num_examples=num_examples)
 

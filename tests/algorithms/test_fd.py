@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.fd import FD, FDClient
-from fedhet.federation.payloads import ClassStatsPayload
+from fedhet.core.payloads import ClassStatsPayload
 from tests.algorithms.helpers import TinyLinear, context, upload
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
+from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import WeightsPayload
 from tests.algorithms.helpers import TinyLinear, context, label_skew_run, upload
 
 SWAP = torch.tensor([[0.0, 1.0], [1.0, 0.0]])

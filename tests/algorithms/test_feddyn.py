@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.feddyn import FedDyn, FedDynClient, FedDynServer
+from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import ConfigError
-from fedhet.federation.payloads import WeightsPayload
 from tests.algorithms.helpers import TinyLinear, context, fit, label_skew_run, one_batch_loader, upload
 
 X, Y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])

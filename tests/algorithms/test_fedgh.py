@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fedhet.algorithms.fedgh import FedGH, FedGHServer
+from fedhet.core.payloads import ClassStatsPayload, WeightsPayload
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import ClassStatsPayload, WeightsPayload
 from tests.algorithms.helpers import (
     COUNT_BYTES,
     FEATURE_DIM,

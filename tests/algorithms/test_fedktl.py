@@ -23,9 +23,9 @@ from fedhet.algorithms.fedktl import (
     shared_linear_init,
     to_client_images,
 )
+from fedhet.core.payloads import ClassStatsPayload
 from fedhet.errors import TrainingError
 from fedhet.federation import FederationLoop
-from fedhet.federation.payloads import ClassStatsPayload
 from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
 from fedhet.functional import simplex_etf
 from fedhet.models import create_model

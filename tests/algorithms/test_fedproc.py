@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fedhet.algorithms.fedproc import FedProcClient, FedProcServer, WeightsAndPrototypesPayload
+from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import WeightsPayload
 from tests.algorithms.helpers import TinyLinear, context, upload
 
 

@@ -7,8 +7,8 @@ import torch
 
 from fedhet.algorithms.common import ClassMeanServer, FedProtoClient
 from fedhet.algorithms.fedproto import FedProto
+from fedhet.core.payloads import ClassStatsPayload
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import ClassStatsPayload
 from tests.algorithms.helpers import TinyLinear, context, upload
 
 

@@ -7,7 +7,7 @@ import torch
 
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.fedprox import FedProx, FedProxClient
-from fedhet.federation.payloads import WeightsPayload
+from fedhet.core.payloads import WeightsPayload
 from tests.algorithms.helpers import SGD, TinyLinear, assert_same_global_model, label_skew_run
 
 X, Y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.fedtgp import FedTGP, FedTGPClient, FedTGPServer
-from fedhet.federation.payloads import ClassStatsPayload
+from fedhet.core.payloads import ClassStatsPayload
 from tests.algorithms.helpers import (
     COUNT_BYTES,
     FEATURE_DIM,

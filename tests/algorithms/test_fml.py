@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fedhet.algorithms.fml import FML, FMLClient, SharedModelServer
+from fedhet.core.payloads import WeightsPayload
 from fedhet.federation import FederationLoop
-from fedhet.federation.payloads import WeightsPayload
 from fedhet.models import create_model
 from fedhet.seeding import seeded
 from tests.algorithms.helpers import TinyLinear, context, upload

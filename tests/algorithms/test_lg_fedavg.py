@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fedhet.algorithms.lg_fedavg import LGFedAvg, LGFedAvgClient, LGFedAvgServer
+from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import TrainingError
-from fedhet.federation.payloads import WeightsPayload
 from tests.algorithms.helpers import (
     FEATURE_DIM,
     FLOAT_BYTES,

@@ -10,8 +10,8 @@ from torch import nn
 
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.moon import MOON, MoonClient, ProjectedClassifier
+from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import ConfigError
-from fedhet.federation.payloads import WeightsPayload
 from tests.algorithms.helpers import SGD, TinyLinear, assert_same_global_model, label_skew_run
 
 SWAP = torch.tensor([[0.0, 1.0], [1.0, 0.0]])

@@ -176,7 +176,7 @@ def test_hyperparameters_are_plain_numbers_whatever_the_algorithm_was_given() ->
 
 def test_command_line_methods_build_clients_with_plain_hyperparameters() -> None:
     """A method built by ``fedhet fit``'s parser hands plain numbers to its client's hparams."""
-    from fedhet.cli import build_experiment, build_parser
+    from fedhet.config import build_experiment, build_parser
     from tests.conftest import tiny_overrides
 
     parser = build_parser()

@@ -5,9 +5,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms.base import ClientModule
+from fedhet.core.payloads import ClassStatsPayload, WeightsPayload
 from fedhet.errors import CheckpointError, ConfigError, TrainingError
 from fedhet.federation.ledger import CommunicationLedger
-from fedhet.federation.payloads import ClassStatsPayload, WeightsPayload
 from fedhet.federation.sampling import clients_per_round, sample_clients
 from fedhet.federation.state import DiskStateStore, MemoryStateStore
 from fedhet.models import create_model

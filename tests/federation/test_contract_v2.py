@@ -12,7 +12,7 @@ from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation import FederationLoop, ProcessExecutor
 from fedhet.federation.trainer import TrainerTemplate
-from tests.conftest import tiny_label_skew
+from tests.conftest import loop_args, tiny_label_skew
 
 
 def _loop(algorithm, rounds=2, architectures=None, trainer=None, scenario=None, **kwargs):
@@ -25,7 +25,7 @@ def _loop(algorithm, rounds=2, architectures=None, trainer=None, scenario=None, 
         architectures or ["cnn_tiny"] * scenario.num_clients,
         trainer or TrainerTemplate(max_epochs=1, accelerator="cpu"),
         rounds=rounds,
-        **kwargs,
+        **loop_args(kwargs),
     )
 
 

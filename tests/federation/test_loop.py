@@ -13,11 +13,11 @@ from torch import Tensor, nn
 from fedhet.algorithms.base import Algorithm, ClientModule, ClientUpload, CollaborativePhase, TrainableServerPhase
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.local import Local
+from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.errors import TrainingError
 from fedhet.federation import DiskStateStore, FederationLoop
-from fedhet.federation.payloads import Payload, WeightsPayload
 from fedhet.federation.trainer import TrainerTemplate
-from tests.conftest import tiny_domain_shift, tiny_label_skew
+from tests.conftest import loop_args, tiny_domain_shift, tiny_label_skew
 
 
 def _loop(algorithm, rounds=4, seed=0, scenario=None, store=None, callbacks=(), architectures=None, **kwargs):
@@ -33,7 +33,7 @@ def _loop(algorithm, rounds=4, seed=0, scenario=None, store=None, callbacks=(), 
         seed=seed,
         state_store=store,
         callbacks=callbacks,
-        **kwargs,
+        **loop_args(kwargs),
     )
 
 

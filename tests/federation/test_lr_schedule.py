@@ -17,7 +17,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from fedhet.algorithms import ALGORITHMS, list_algorithms
 from fedhet.errors import ConfigError
-from fedhet.federation import FederationLoop, LRSchedule
+from fedhet.federation import FederationLoop, FederationSettings, LRSchedule
 from fedhet.federation.lr_schedule import RoundLRScale
 from fedhet.federation.runtime import FEDERATION, ClientRuntime
 from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate, silence_lightning
@@ -141,7 +141,7 @@ def _local_run(schedule: LRSchedule, callbacks=()) -> FederationLoop:
         TrainerTemplate(max_epochs=1, accelerator="cpu"),
         rounds=4,
         callbacks=callbacks,
-        lr_schedule=schedule,
+        settings=FederationSettings(lr_schedule=schedule),
     )
 
 

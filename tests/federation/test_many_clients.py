@@ -10,7 +10,7 @@ import torch
 
 from fedhet.algorithms import FedAvg
 from fedhet.data import SyntheticScenario
-from fedhet.federation import DiskStateStore, FederationLoop
+from fedhet.federation import DiskStateStore, FederationLoop, FederationSettings
 from fedhet.federation.runtime import ClientRuntime
 from fedhet.federation.trainer import TrainerTemplate
 
@@ -43,7 +43,7 @@ def _loop(scenario, tmp_path, rounds, participation, callbacks=()):
         ["logreg"] * scenario.num_clients,
         TrainerTemplate(max_steps=2, accelerator="cpu"),
         rounds=rounds,
-        participation=participation,
+        settings=FederationSettings(participation=participation),
         state_store=DiskStateStore(tmp_path / "clients"),
         callbacks=callbacks,
     )

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from fedhet.algorithms.fedproto import FedProto
+from fedhet.core.payloads import ClassStatsPayload
 from fedhet.errors import ConfigError
-from fedhet.federation import FederationLoop
-from fedhet.federation.payloads import ClassStatsPayload
+from fedhet.federation import FederationLoop, FederationSettings
 from fedhet.federation.privacy import PayloadNoise
 from fedhet.federation.trainer import TrainerTemplate
 from tests.conftest import tiny_label_skew
@@ -48,7 +48,7 @@ def _fedproto_loop(**noise):
         TrainerTemplate(max_epochs=1, accelerator="cpu"),
         rounds=2,
         feature_dim=16,
-        **noise,
+        settings=FederationSettings(**noise),
     )
 
 

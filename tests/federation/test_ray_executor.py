@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'fedh
 from fedhet.algorithms import FedProx  # noqa: E402
 from fedhet.cli import main  # noqa: E402
 from fedhet.errors import ConfigError  # noqa: E402
-from fedhet.federation import FederationLoop, RayExecutor  # noqa: E402
+from fedhet.federation import FederationLoop, FederationSettings, RayExecutor  # noqa: E402
 from fedhet.federation.trainer import TrainerTemplate  # noqa: E402
 from tests.conftest import tiny_label_skew, tiny_overrides  # noqa: E402
 from tests.federation.test_contract_v2 import _state_hash  # noqa: E402
@@ -44,7 +44,7 @@ def _loop(executor=None, rounds=2, callbacks=()):
         ["cnn_tiny"] * 3,
         trainer,
         rounds=rounds,
-        executor=executor,
+        settings=FederationSettings(executor=executor),
         callbacks=callbacks,
     )
 
