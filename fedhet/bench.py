@@ -473,8 +473,15 @@ def validate_cells(cells: Sequence[Cell], root: Path) -> None:
             raise ConfigError(f"{cell.label}: {exc}") from None
 
 
-def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print) -> int:
-    """``fedhet bench``: run (or resume) the grid, then write and print the tables and figures."""
+GridRunner = Callable[[argparse.Namespace, Sequence[str], Callable[[str], None]], int]
+
+
+def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print, grid: GridRunner | None = None) -> int:
+    """``fedhet bench``: run (or resume) the grid, then write and print the tables and figures.
+
+    ``--grid FILE`` goes to ``grid`` (:func:`fedhet.pages.grid_bench`, the layer above, which the
+    command line passes), so that this module never imports the page writer built on it.
+    """
     argv = list(argv)
     extra: list[str] = []
     if "--" in argv:
@@ -486,7 +493,9 @@ def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print) -> i
     if args.grid is not None:
         if "--seeds" in argv:
             raise ConfigError("--grid: the grid file holds the seeds; drop --seeds")
-        return grid_bench(args, extra, echo)
+        if grid is None:
+            raise ConfigError("--grid: run it as 'fedhet bench --grid FILE' (fedhet.pages writes the page)")
+        return grid(args, extra, echo)
     if args.from_json is not None:
         raise ConfigError("--from_json: give it with --grid FILE (the page's grid)")
     if not args.configs:
@@ -518,15 +527,6 @@ def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print) -> i
         echo(f"{len(failed)} of {len(cells)} cells failed (logs above); rerun the same command to retry them")
         return 1
     return 0
-
-
-def grid_bench(args: argparse.Namespace, extra: Sequence[str], echo: Callable[[str], None] = print) -> int:
-    """``fedhet bench --grid FILE``: everything the page needs is in the file (:mod:`fedhet.pages`)."""
-    from fedhet.pages import grid_command
-
-    if args.configs or args.settings or extra:
-        raise ConfigError("--grid: the grid file holds the configs, settings and flags; drop --configs, --set and '--'")
-    return grid_command(args.grid, args.out, args.jobs, args.threads, args.report_only, args.from_json, echo)
 
 
 def write_report(cells: Sequence[Cell], root: Path, settings: dict[str, str] | None = None) -> str:

@@ -369,10 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _list(rest)
             return 0
         if command in ("sweep", "bench"):
-            from fedhet.bench import bench_command
+            from fedhet.pages import bench_main
             from fedhet.sweep import sweep_command
 
-            return (sweep_command if command == "sweep" else bench_command)(rest)
+            return (sweep_command if command == "sweep" else bench_main)(rest)
         if command == "pretrain-generator":
             from fedhet.generators.command import pretrain_command
 

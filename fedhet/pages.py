@@ -18,6 +18,7 @@ The format is documented in ``docs/results_pages.md``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -31,6 +32,7 @@ from fedhet.bench import (
     BLOCKS,
     Cell,
     bars_png,
+    bench_command,
     cell_state,
     cell_text,
     check_recorded,
@@ -572,3 +574,15 @@ def grid_command(
         echo(f"{len(failed)} of {len(cells)} cells failed (logs above); rerun the same command to retry them")
         return 1
     return 0
+
+
+def grid_bench(args: argparse.Namespace, extra: Sequence[str], echo: Callable[[str], None] = print) -> int:
+    """``fedhet bench --grid FILE``: everything the page needs is in the file (:mod:`fedhet.pages`)."""
+    if args.configs or args.settings or extra:
+        raise ConfigError("--grid: the grid file holds the configs, settings and flags; drop --configs, --set and '--'")
+    return grid_command(args.grid, args.out, args.jobs, args.threads, args.report_only, args.from_json, echo)
+
+
+def bench_main(argv: Sequence[str], echo: Callable[[str], None] = print) -> int:
+    """``fedhet bench``, grids included: :func:`fedhet.bench.bench_command` with :func:`grid_bench`."""
+    return bench_command(argv, echo, grid=grid_bench)

@@ -31,7 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metrics", "tracking", "privacy"),
     ("federation",),
     ("config", "catalog"),
-    ("bench", "sweep", "compare_configs", "examples"),
+    ("bench", "sweep", "sweep_engine", "compare_configs", "examples"),
+    ("pages",),
     ("cli", "__main__"),
 )
 
@@ -41,24 +42,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # occurs fails the test too, so the list only shrinks. Nothing outside fedhet/algorithms/ may go here.
 # ------------------------------------------------------------------------------------------------
 #: Import circles among ``fedhet.algorithms`` modules (sorted members).
-ALLOWED_CIRCLES: set[tuple[str, ...]] = {
-    # the contract imports FedAvg (base.py), FedAvg imports the contract and the shared helpers
-    ("fedhet.algorithms.base", "fedhet.algorithms.common", "fedhet.algorithms.fedavg"),
-}
+ALLOWED_CIRCLES: set[tuple[str, ...]] = set()
 #: ``(importer, imported)`` pairs where a method file (or ``base.py``) imports a method file.
-ALLOWED_METHOD_IMPORTS: set[tuple[str, str]] = {
-    ("base", "fedavg"),  # base.py's default server base method
-    ("fedprox", "fedavg"),  # the FedAvg family subclasses FedAvg's client and server
-    ("feddyn", "fedavg"),
-    ("scaffold", "fedavg"),
-    ("moon", "fedavg"),
-    ("fedproc", "fedavg"),
-    ("fedrs", "fedavg"),
-    ("fedftg", "fedavg"),
-    ("feddf_server", "fedavg"),
-    ("fedcg", "fedmdcg"),  # generator and cross-correlation code shared with FedMD-CG
-    ("fccl", "fccl_plus"),  # FCCL is FCCL+ without its extra terms
-}
+ALLOWED_METHOD_IMPORTS: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

@@ -1,7 +1,8 @@
 """Building blocks several methods share: one place for each, never another method's file.
 
 * weight sharing: :class:`SubmoduleAveragingServer` (FedAvg and its family, LG-FedAvg's head,
-  FML's meme) and :class:`SubmoduleSharingClient`;
+  FML's meme) and :class:`SubmoduleSharingClient`; FedAvg's own client and server and the
+  :class:`WeightAveraging` frame its family builds on;
 * per-parameter client state kept across rounds: :class:`ParameterBuffers` (FedDyn's gradient
   state, SCAFFOLD's control variate);
 * class statistics: :class:`ClassMeanRegularizedClient` / :class:`FedProtoClient` (FedProto, FD,
@@ -249,6 +250,42 @@ class SubmoduleAveragingServer(ServerPhase):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.global_by_architecture = {a: dict(w) for a, w in state["global_by_architecture"].items()}
         self.aggregated = set(state.get("aggregated", ()))
+
+
+class FedAvgClient(SubmoduleSharingClient):
+    """Cross-entropy locally; starts each round from the global model and uploads the whole model."""
+
+    shared_module = "model"
+
+
+class FedAvgServer(SubmoduleAveragingServer):
+    """Holds the global model of each architecture; aggregates by example-weighted averaging.
+
+    Uploads are averaged within each architecture (FedDF's per-architecture fusion; with one
+    architecture this is FedAvg). Every client receives its architecture's global model, which is
+    also the server-side model evaluated once per evaluation (``acc_server``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(MODEL_PREFIX, "samples", per_architecture=True, send_initial=True)
+
+
+class WeightAveraging(Algorithm):
+    """The weight-averaging frame of FedAvg and its family (FedProx, FedDyn, SCAFFOLD, MOON, FedProc, FedRS).
+
+    Homogeneous models, whole-model weights up and down, FedAvg's server (which the family's
+    servers extend), and both the clients and the global model evaluated. A family member names
+    its ``Hparams`` and ``client_type`` and, where its server keeps more state, its server.
+    """
+
+    client_type: ClassVar[type[ClientModule]] = FedAvgClient
+    capabilities = Capabilities(heterogeneous_models=False)
+    upload_type = WeightsPayload
+    download_type = WeightsPayload
+    evaluation = ("clients", "server")
+
+    def build_server(self) -> ServerPhase:
+        return FedAvgServer()
 
 
 class ParameterBuffers(nn.Module):

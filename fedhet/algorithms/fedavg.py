@@ -17,41 +17,11 @@ and rounded rather than left undefined.
 
 from __future__ import annotations
 
-from fedhet.algorithms.base import (
-    Algorithm,
-    Capabilities,
-    ServerPhase,
-)
-from fedhet.algorithms.common import MODEL_PREFIX, SubmoduleAveragingServer, SubmoduleSharingClient
-from fedhet.core.payloads import WeightsPayload
+from fedhet.algorithms.common import FedAvgClient, FedAvgServer, WeightAveraging
 
 
-class FedAvgClient(SubmoduleSharingClient):
-    """Cross-entropy locally; starts each round from the global model and uploads the whole model."""
-
-    shared_module = "model"
-
-
-class FedAvgServer(SubmoduleAveragingServer):
-    """Holds the global model of each architecture; aggregates by example-weighted averaging.
-
-    Uploads are averaged within each architecture (FedDF's per-architecture fusion; with one
-    architecture this is FedAvg). Every client receives its architecture's global model, which is
-    also the server-side model evaluated once per evaluation (``acc_server``).
-    """
-
-    def __init__(self) -> None:
-        super().__init__(MODEL_PREFIX, "samples", per_architecture=True, send_initial=True)
-
-
-class FedAvg(Algorithm):
+class FedAvg(WeightAveraging):
     """FedAvg (homogeneous models only); its hyperparameters are the shared local optimizer's."""
 
-    client_type = FedAvgClient
-    capabilities = Capabilities(heterogeneous_models=False)
-    upload_type = WeightsPayload
-    download_type = WeightsPayload
-    evaluation = ("clients", "server")
 
-    def build_server(self) -> ServerPhase:
-        return FedAvgServer()
+__all__ = ["FedAvg", "FedAvgClient", "FedAvgServer"]

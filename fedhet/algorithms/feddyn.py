@@ -52,8 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import ParameterBuffers
-from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
+from fedhet.algorithms.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import linear_term, proximal_term
 from fedhet.hparams import Hyperparameters, LocalOptimizer, PositiveFloat, knob, log_uniform
@@ -174,7 +173,7 @@ class FedDynServer(FedAvgServer):
         self.h_by_architecture = {a: dict(h) for a, h in state["h_by_architecture"].items()}
 
 
-class FedDyn(FedAvg):
+class FedDyn(WeightAveraging):
     """FedDyn (homogeneous models only)."""
 
     Hparams = FedDynHparams

@@ -47,8 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import Weighting
-from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
+from fedhet.algorithms.common import FedAvgClient, FedAvgServer, WeightAveraging, Weighting
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
@@ -224,7 +223,7 @@ class FedProcServer(FedAvgServer):
         self.present = state.get("present")
 
 
-class FedProc(FedAvg):
+class FedProc(WeightAveraging):
     """FedProc (homogeneous models only)."""
 
     Hparams = FedProcHparams

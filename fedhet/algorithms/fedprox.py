@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch
-from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
+from fedhet.algorithms.common import FedAvgClient, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import proximal_term
 from fedhet.hparams import LocalOptimizer, NonNegativeFloat, knob, log_uniform
@@ -64,7 +64,7 @@ class FedProxClient(FedAvgClient):
         self.reference = [r.to(self.device) for r in self.reference]
 
 
-class FedProx(FedAvg):
+class FedProx(WeightAveraging):
     """FedProx (homogeneous models only)."""
 
     Hparams = FedProxHparams

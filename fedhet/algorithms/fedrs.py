@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch
-from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
+from fedhet.algorithms.common import FedAvgClient, WeightAveraging
 from fedhet.functional import restricted_logits, restricted_softmax_scale
 from fedhet.functional.contrastive import RestrictionMode
 from fedhet.hparams import LocalOptimizer, UnitInterval, knob, uniform
@@ -108,7 +108,7 @@ class FedRSClient(FedAvgClient):
         return F.cross_entropy(restricted_logits(self.model(x), scale.to(x.device)), y)
 
 
-class FedRS(FedAvg):
+class FedRS(WeightAveraging):
     """FedRS (homogeneous models only)."""
 
     Hparams = FedRSHparams

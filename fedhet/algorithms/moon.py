@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule
-from fedhet.algorithms.fedavg import FedAvg, FedAvgClient
+from fedhet.algorithms.common import FedAvgClient, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError
@@ -164,7 +164,7 @@ class MoonClient(FedAvgClient):
         return loss
 
 
-class MOON(FedAvg):
+class MOON(WeightAveraging):
     """MOON (homogeneous models only)."""
 
     Hparams = MoonHparams

@@ -57,8 +57,7 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import ParameterBuffers
-from fedhet.algorithms.fedavg import FedAvg, FedAvgClient, FedAvgServer
+from fedhet.algorithms.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload, check_like
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError, TrainingError
@@ -242,7 +241,7 @@ class ScaffoldServer(FedAvgServer):
         self.control_by_architecture = {a: dict(c) for a, c in state["control_by_architecture"].items()}
 
 
-class SCAFFOLD(FedAvg):
+class SCAFFOLD(WeightAveraging):
     """SCAFFOLD, option II (homogeneous models only; plain SGD: ``optimizer=sgd``, ``momentum=0``)."""
 
     Hparams = ScaffoldHparams
