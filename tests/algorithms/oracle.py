@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms.base import ClientModule, ClientUpload, LocalStage, ServerPhase
 from fedhet.core.payloads import Payload
-from fedhet.federation.trainer import TrainerTemplate, silence_lightning
+from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate, silence_lightning
 from fedhet.seeding import seeded
 
 ATOL = 1e-6
@@ -113,6 +113,7 @@ def client_step(
     phase: str = "federation",
     upload: bool = True,
     rng: dict[str, list[Tensor]] | None = None,
+    optimizers: dict[str, Any] | None = None,
 ) -> Payload | None:
     """One client's round as ``ClientRuntime.fit_client`` runs it, on one fixed batch.
 
@@ -120,7 +121,9 @@ def client_step(
     stage (the stage's name set, manual optimisation as declared, the stage's budget, its
     ``stage_dataloader``) -> ``make_upload``. The one-batch loader is not shuffled, so a budget
     of one epoch is one optimisation step. ``rng`` receives, per stage name, the global RNG state
-    at the start of every step (:class:`RngRecorder`).
+    at the start of every step (:class:`RngRecorder`). ``optimizers`` is the client's carried
+    optimizer state per stage (``federation.persist_optimizer_state``), read and updated in place
+    as the runtime does with :class:`OptimizerStateCarrier`; ``None``: fresh optimizers.
     """
     silence_lightning()
     if state is not None:
@@ -134,12 +137,15 @@ def client_step(
         module.automatic_optimization = not stage.manual
         seed = 1000 + index
         recorder = RngRecorder()
+        carrier = OptimizerStateCarrier(optimizers.get(stage.name) if optimizers is not None else None)
         with seeded(seed):
             private = DataLoader(TensorDataset(*data), batch_size=len(data[0]), shuffle=False)
             loader = module.stage_dataloader(private, seed)
-            stage_trainer(stage, template, [recorder]).fit(module, train_dataloaders=loader)
+            stage_trainer(stage, template, [carrier, recorder]).fit(module, train_dataloaders=loader)
         if rng is not None:
             rng[stage.name] = recorder.states
+        if optimizers is not None:
+            optimizers[stage.name] = carrier.states
     module.stage = stages[0].name if stages else "local"
     if not upload:
         return None

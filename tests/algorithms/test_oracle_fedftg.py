@@ -57,6 +57,7 @@ M, CHANNELS, SIZE = 4, 1, 8
 #: alpha column is (2/3, 1/3, 0); no class is missing (p_t never 0 for a class all hold).
 COUNTS = torch.tensor([[5, 0, 1, 2], [0, 3, 1, 1], [1, 2, 4, 0]])
 EXAMPLES = (8, 6, 10)  # num_examples of the uploads: FedAvg's weights
+FORMAT = DataFormat(image_size=SIZE, channels=CHANNELS, mean=(0.0,), std=(1.0,), num_classes=M)
 ROUND = 2  # t: the server rates are lr * decay^2
 SERVER_SEED = 77
 LOCAL_LR = 0.1
@@ -96,7 +97,7 @@ def make_context(algorithm) -> ServerContext:
         architectures=("tiny",) * 3,
         seed=5,
         initial_client_state=lambda cid: clone(initial),
-        data_format=DataFormat(image_size=SIZE, channels=CHANNELS, mean=(0.0,), std=(1.0,), num_classes=M),
+        data_format=FORMAT,
         label_counts=COUNTS,
         model_factory=lambda architecture, seed: network(algorithm, seed),
     )
@@ -296,6 +297,7 @@ def run_case(base_name: str, switches: dict) -> None:
     if base_name == "moon":
         hp_base["mu"] = 2.0
     algorithm = FedFTG(base=BASES[base_name](), **TINY, **switches)
+    algorithm.configure(FORMAT)  # as the runtime does before building anything
     context = make_context(algorithm)
     server = algorithm.build_server()
     server.setup(context)
