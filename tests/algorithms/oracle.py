@@ -88,9 +88,11 @@ class RngRecorder(Callback):
 
     def __init__(self) -> None:
         self.states: list[Tensor] = []
+        self.batches: list[Any] = []
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.states.append(torch.get_rng_state())
+        self.batches.append([t.detach().clone() for t in batch])
 
 
 def stage_trainer(stage: LocalStage, template: TrainerTemplate, callbacks: Sequence[Callback] = ()) -> Any:
@@ -114,6 +116,7 @@ def client_step(
     upload: bool = True,
     rng: dict[str, list[Tensor]] | None = None,
     optimizers: dict[str, Any] | None = None,
+    batches: dict[str, list[Any]] | None = None,
 ) -> Payload | None:
     """One client's round as ``ClientRuntime.fit_client`` runs it, on one fixed batch.
 
@@ -144,6 +147,8 @@ def client_step(
             stage_trainer(stage, template, [carrier, recorder]).fit(module, train_dataloaders=loader)
         if rng is not None:
             rng[stage.name] = recorder.states
+        if batches is not None:  # the batches each step trained on, in order (shuffled stages)
+            batches[stage.name] = recorder.batches
         if optimizers is not None:
             optimizers[stage.name] = carrier.states
     module.stage = stages[0].name if stages else "local"
