@@ -117,6 +117,7 @@ def client_step(
     rng: dict[str, list[Tensor]] | None = None,
     optimizers: dict[str, Any] | None = None,
     batches: dict[str, list[Any]] | None = None,
+    epochs: int = 1,
 ) -> Payload | None:
     """One client's round as ``ClientRuntime.fit_client`` runs it, on one fixed batch.
 
@@ -133,7 +134,7 @@ def client_step(
         module.load_client_state(dict(state))
     module.round_idx, module.total_rounds, module.phase = round_idx, total_rounds, phase
     module.on_receive(download)
-    template = TrainerTemplate(max_epochs=1, accelerator="cpu")
+    template = TrainerTemplate(max_epochs=epochs, accelerator="cpu")  # the trainer: budget (``epochs`` passes)
     stages = list(module.local_stages())
     for index, stage in enumerate(stages):
         module.stage = stage.name

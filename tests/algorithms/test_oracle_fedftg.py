@@ -111,8 +111,10 @@ def net_from(template: torch.nn.Module, state: dict[str, Tensor]) -> torch.nn.Mo
     return net
 
 
-def oracle_client(base: str, template, state: dict[str, Tensor], download, data, hp) -> tuple[dict, dict]:
-    """One local SGD step of ``base`` (train mode) from the download; returns (client state, upload parts).
+def oracle_client(
+    base: str, template, state: dict[str, Tensor], download, data, hp, steps: int = 1
+) -> tuple[dict, dict]:
+    """``steps`` local SGD steps of ``base`` (train mode) from the download; returns (client state, upload parts).
 
     ``state`` is the client's kept state (``model.*`` and the base's extras), ``download`` the
     global weights (and SCAFFOLD's ``c``).
@@ -123,35 +125,38 @@ def oracle_client(base: str, template, state: dict[str, Tensor], download, data,
     net.train()
     params = dict(net.named_parameters())
     anchor = {k: global_weights[k].clone() for k in params}
-    features = net.forward_features(x)
-    loss = F.cross_entropy(net.forward_head(features), y)
     extras: dict[str, Tensor] = {}
-    if base == "fedprox":  # Li et al. Eq. 2: + mu/2 ||w - w_t||^2
-        loss = loss + hp["mu"] / 2 * sum(((p - anchor[k]) ** 2).sum() for k, p in params.items())
-    if base == "feddyn":  # Acar et al. Alg. 1: - <grad L_k(theta_k^{t-1}), theta> + alpha/2 ||theta - theta^{t-1}||^2
-        g = {k: state[f"gradient_state.{k}"] for k in params}
-        loss = loss - sum((p * g[k]).sum() for k, p in params.items())
-        loss = loss + hp["alpha"] / 2 * sum(((p - anchor[k]) ** 2).sum() for k, p in params.items())
-    if base == "moon" and state["has_previous_model"]:  # Li et al. (MOON) Eq. 3, previous = the kept model
-        with torch.no_grad():
-            z_glob = net_from(template, global_weights).eval().forward_features(x)
-            z_prev = net_from(template, without_prefix(state, "model.")).eval().forward_features(x)
-        pos = torch.exp(F.cosine_similarity(features, z_glob, dim=-1) / hp["temperature"])
-        neg = torch.exp(F.cosine_similarity(features, z_prev, dim=-1) / hp["temperature"])
-        loss = loss + hp["mu"] * (-torch.log(pos / (pos + neg))).mean()
-    loss.backward()
-    if base == "scaffold":  # Karimireddy et al. Alg. 1: y <- y - eta (g - c_i + c)
-        for k, p in params.items():
-            p.grad = p.grad + download["control"][k] - state[f"control_variate.{k}"]
-    sgd_step(params.values(), LOCAL_LR)
+    for _ in range(steps):
+        features = net.forward_features(x)
+        loss = F.cross_entropy(net.forward_head(features), y)
+        if base == "fedprox":  # Li et al. Eq. 2: + mu/2 ||w - w_t||^2
+            loss = loss + hp["mu"] / 2 * sum(((p - anchor[k]) ** 2).sum() for k, p in params.items())
+        if (
+            base == "feddyn"
+        ):  # Acar et al. Alg. 1: - <grad L_k(theta_k^{t-1}), theta> + alpha/2 ||theta - theta^{t-1}||^2
+            g = {k: state[f"gradient_state.{k}"] for k in params}
+            loss = loss - sum((p * g[k]).sum() for k, p in params.items())
+            loss = loss + hp["alpha"] / 2 * sum(((p - anchor[k]) ** 2).sum() for k, p in params.items())
+        if base == "moon" and state["has_previous_model"]:  # Li et al. (MOON) Eq. 3, previous = the kept model
+            with torch.no_grad():
+                z_glob = net_from(template, global_weights).eval().forward_features(x)
+                z_prev = net_from(template, without_prefix(state, "model.")).eval().forward_features(x)
+            pos = torch.exp(F.cosine_similarity(features, z_glob, dim=-1) / hp["temperature"])
+            neg = torch.exp(F.cosine_similarity(features, z_prev, dim=-1) / hp["temperature"])
+            loss = loss + hp["mu"] * (-torch.log(pos / (pos + neg))).mean()
+        loss.backward()
+        if base == "scaffold":  # Karimireddy et al. Alg. 1: y <- y - eta (g - c_i + c)
+            for k, p in params.items():
+                p.grad = p.grad + download["control"][k] - state[f"control_variate.{k}"]
+        sgd_step(params.values(), LOCAL_LR)
     new_state = prefixed(clone(net.state_dict()), "model.")
     if base == "feddyn":  # state update: g <- g - alpha (theta_k^t - theta^{t-1})
         for k, p in params.items():
             new_state[f"gradient_state.{k}"] = state[f"gradient_state.{k}"] - hp["alpha"] * (p.detach() - anchor[k])
-    if base == "scaffold":  # option II: c_i+ = c_i - c + (x - y) / (K eta), K = 1
+    if base == "scaffold":  # option II: c_i+ = c_i - c + (x - y) / (K eta)
         for k, p in params.items():
             c_i = state[f"control_variate.{k}"]
-            updated = c_i - download["control"][k] + (anchor[k] - p.detach()) / LOCAL_LR
+            updated = c_i - download["control"][k] + (anchor[k] - p.detach()) / (steps * LOCAL_LR)
             new_state[f"control_variate.{k}"] = updated
             extras[k] = updated - c_i
     if base == "moon":
