@@ -243,6 +243,11 @@ class GeneratorClassifierClient(ClientModule):
         training_generator = self.generator_stage()
         self.model.requires_grad_(not training_generator)
         self.generator.requires_grad_(training_generator)
+        if not training_generator:
+            # Stage 1 trains F_i and D_i in train mode (Algorithm 1). Stage 2 put the model in eval
+            # mode, and Lightning keeps the mode a module enters a fit with, so without this every
+            # stage-1 fit after a client's first ran BatchNorm on frozen running statistics.
+            self.model.train()
 
     def on_train_end(self) -> None:
         self.model.requires_grad_(True)

@@ -286,13 +286,11 @@ def oracle_server(uploads: list[dict], rng: list[Tensor] | None, template: nn.Mo
     return clone(generator.state_dict()), clone(classifier.state_dict())
 
 
-#: A bug this oracle found (reported, not fixed here): Lightning 2.6 no longer puts a module in
-#: train mode when a fit starts, and stage 2 leaves ``F_i`` in eval mode, so every stage-1 fit
-#: after a module's first runs ``F_i``'s BatchNorm in eval mode (running statistics, no update),
-#: where Algorithm 1 trains it. With the flag on, the oracle reproduces today's behaviour so that
-#: every other term stays checked; ``test_stage1_trains_the_extractor_in_train_mode`` states the
-#: intended behaviour and is a strict xfail until the fix, which should flip this flag.
-STAGE1_EVAL_AFTER_FIRST_FIT = True
+#: A bug this oracle found, fixed (2026-11-27): Lightning keeps the mode a module enters a fit
+#: with, and stage 2 left ``F_i`` in eval mode, so every stage-1 fit after a module's first ran
+#: ``F_i``'s BatchNorm in eval mode (running statistics, no update), where Algorithm 1 trains it.
+#: The flag lets the oracle reproduce that behaviour, to show the test tells the two apart.
+STAGE1_EVAL_AFTER_FIRST_FIT = False
 
 DEFAULTS = dict(
     stage1_eval_bug=STAGE1_EVAL_AFTER_FIRST_FIT,
@@ -349,10 +347,11 @@ def test_fedmdcg_matches_the_oracle(switch):
     run_case(SWITCHES[switch])
 
 
-@pytest.mark.xfail(strict=True, reason="stage 1 runs F_i in eval mode after stage 2 (STAGE1_EVAL_AFTER_FIRST_FIT)")
 def test_stage1_trains_the_extractor_in_train_mode():
-    """Algorithm 1 trains ``[F_i, D_i]`` in stage 1 of every round, BatchNorm in train mode."""
+    """Algorithm 1 trains ``[F_i, D_i]`` in stage 1 of every round, BatchNorm in train mode (eval mode fails)."""
     run_case({}, stage1_eval_bug=False)
+    with pytest.raises(AssertionError):
+        run_case({}, stage1_eval_bug=True)
 
 
 def run_case(switches: dict, stage1_eval_bug: bool = STAGE1_EVAL_AFTER_FIRST_FIT) -> None:
