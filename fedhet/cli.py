@@ -37,7 +37,7 @@ import yaml
 
 from fedhet import __version__
 from fedhet.catalog import METHODS, MODELS, list_families, list_methods, method_class_path
-from fedhet.errors import ConfigError, FedhetError
+from fedhet.errors import ConfigError, DiskError, FedhetError, disk_error
 from fedhet.hparams import RANGES, Fraction, NonNegativeInt, PositiveInt
 
 if TYPE_CHECKING:  # jsonargparse resolves these annotations without importing torch up front
@@ -160,11 +160,22 @@ EXECUTOR_NAMES = {
 
 
 def _map_executor(node: Any) -> Any:
-    """A ``federation.executor`` value with a short name (``ray``) replaced by its class path."""
-    if isinstance(node, str) and node.lower() in EXECUTOR_NAMES:
-        return EXECUTOR_NAMES[node.lower()]
-    if isinstance(node, dict) and str(node.get("class_path", "")).lower() in EXECUTOR_NAMES:
-        return {**node, "class_path": EXECUTOR_NAMES[str(node["class_path"]).lower()]}
+    """A ``federation.executor`` value with a short name (``ray``) replaced by its class path.
+
+    A bare word that is neither a short name nor ``null`` is refused here in one line listing the
+    names (jsonargparse would answer "Expected a dot import path string" inside a union dump).
+    """
+    name = node if isinstance(node, str) else node.get("class_path") if isinstance(node, dict) else None
+    if not isinstance(name, str):
+        return node
+    if name.lower() in EXECUTOR_NAMES:
+        mapped = EXECUTOR_NAMES[name.lower()]
+        return mapped if isinstance(node, str) else {**node, "class_path": mapped}
+    if "." not in name and name.strip().lower() not in ("", "null", "none", "~"):
+        raise ConfigError(
+            f"federation.executor={name} is not an executor; use one of {', '.join(EXECUTOR_NAMES)} "
+            "(e.g. --federation.executor process) or a class path"
+        )
     return node
 
 
@@ -299,6 +310,50 @@ def _range_error(message: str) -> str | None:
     return f"{key}={value} is out of range: it must be {allowed}; set --{key} to a value in range"
 
 
+_NOT_CONVERTIBLE = re.compile(
+    r"^(\s*)(?:- )?Not of type (\w+): (?:could not convert string to float|invalid literal for int\(\) "
+    r"with base \d+): '(.*)'$"
+)
+_EXPECTED_BUILTIN = re.compile(r"^(\s*)(?:- )?Expected a <class '(int|float|bool|str)'>\. Got value: (.*)$")
+_BUILTIN_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def _type_error(message: str) -> str | None:
+    """One line for a value of the wrong type (``--method.lr fast``), from jsonargparse's nested error text.
+
+    jsonargparse reports it as a 450-character tree of ``Parser key``/union lines with class
+    reprs; users need the key, the value and what is expected (``None`` for other errors).
+    """
+    stack: list[tuple[int, str]] = []
+    key: str | None = None
+    value = ""
+    expected: list[str] = []
+    for line in message.splitlines():
+        found = _KEY.match(line)
+        if found:
+            indent = len(found.group(1))
+            stack = [(i, k) for i, k in stack if i < indent] + [(indent, found.group(2))]
+            continue
+        match = _NOT_CONVERTIBLE.match(line)
+        builtin = _EXPECTED_BUILTIN.match(line)
+        if match and match.group(2) in RANGES:
+            indent, wanted, given = len(match.group(1)), RANGES[match.group(2)], match.group(3)
+        elif builtin:
+            indent, wanted, given = len(builtin.group(1)), _BUILTIN_NAMES[builtin.group(2)], builtin.group(3)
+        else:
+            continue
+        here = ".".join(k for i, k in stack if i < indent)
+        if key is None:
+            key, value = here, given
+        if here == key and wanted not in expected:  # each member of a union, e.g. Fraction | PositiveInt
+            expected.append(wanted)
+    if key is None:
+        return None
+    key = key or "value"
+    allowed = " or ".join(expected)
+    return f"{key}={value} is not a valid value: it must be {allowed}; set --{key} to such a value"
+
+
 def _parse(parser: Any, args: Sequence[str]) -> Any:
     from jsonargparse import ArgumentError
 
@@ -307,7 +362,7 @@ def _parse(parser: Any, args: Sequence[str]) -> Any:
     try:
         return parse_accepting_none(parser, list(args))
     except ArgumentError as exc:
-        message = _range_error(str(exc))
+        message = _range_error(str(exc)) or _type_error(str(exc))
         if message is not None:
             raise ConfigError(message) from None
         raise ConfigError(f"{_one_line(str(exc))}; see '{parser.prog} --help' or --print_config") from None
@@ -338,6 +393,12 @@ def _check_config_file(path: str) -> None:
     if isinstance(content, dict) and "method" in content:
         try:
             _map_method(content["method"])
+        except ConfigError as exc:
+            raise ConfigError(f"config file '{path}': {exc}") from None
+    federation = content.get("federation") if isinstance(content, dict) else None
+    if isinstance(federation, dict) and "executor" in federation:
+        try:
+            _map_executor(federation["executor"])
         except ConfigError as exc:
             raise ConfigError(f"config file '{path}': {exc}") from None
 
@@ -669,10 +730,21 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     checkpoint: dict[str, Any] | None = None
     if resume:  # a run that cannot continue says so before its data is loaded
         run_dir = RunDirectory(config.run_dir)
-        checkpoint = run_dir.load_checkpoint()
+        run_dir.lock()  # not while it still runs (a dead holder's lock died with it)
+        try:
+            run_dir.remove_stale_temporaries()  # a killed writer's .checkpoint.pt.tmp<pid> ...
+            checkpoint = run_dir.load_checkpoint()
+        except BaseException:
+            run_dir.unlock()
+            raise
     elif config.run_dir is not None:
         RunDirectory(config.run_dir).check_available()  # the same check as claim's below, before any work
-    experiment = build_experiment(parser, config)
+    try:
+        experiment = build_experiment(parser, config)
+    except BaseException:
+        if resume:
+            run_dir.unlock()
+        raise
     if not resume:
         explicit = config.run_dir is not None
         run_dir = RunDirectory.claim(config.run_dir if explicit else experiment.default_run_path(), unique=not explicit)
@@ -685,28 +757,33 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     except BaseException:
         run_dir.release()
         raise
-    wandb_id = checkpoint.get("wandb_id") if checkpoint else None
-    wandb_callback = WandbCallback(experiment.objects.wandb, run_path, yaml.safe_load(resolved_yaml), wandb_id)
-    loop.callbacks = [  # figures first: drawn before summary.json marks the run complete and W&B finishes
-        FiguresCallback(run_path),
-        RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}),
-        ConsoleCallback(),
-        wandb_callback,
-        *callbacks,
-    ]
-    if checkpoint is not None:
-        loop.load_checkpoint_state(checkpoint)
-        run_dir.truncate_metrics(loop.next_round)
-        log.info("resuming %s at step %d of %d", run_path, loop.next_round + 1, len(loop.schedule))
-    else:
-        log.info("run directory: %s", run_path)
-    try:
-        summary = loop.run()
-    except BaseException as exc:
-        wandb_callback.abort()
-        if isinstance(exc, KeyboardInterrupt):
-            exc.run_dir = str(run_path)  # type: ignore[attr-defined]  # main() names it in the resume hint
-        raise
+    try:  # the run directory stays locked until the run ends, however it ends
+        wandb_id = checkpoint.get("wandb_id") if checkpoint else None
+        wandb_callback = WandbCallback(experiment.objects.wandb, run_path, yaml.safe_load(resolved_yaml), wandb_id)
+        loop.callbacks = [  # figures first: drawn before summary.json marks the run complete and W&B finishes
+            FiguresCallback(run_path),
+            RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}),
+            ConsoleCallback(),
+            wandb_callback,
+            *callbacks,
+        ]
+        if checkpoint is not None:
+            loop.load_checkpoint_state(checkpoint)
+            run_dir.truncate_metrics(loop.next_round)
+            log.info("resuming %s at step %d of %d", run_path, loop.next_round + 1, len(loop.schedule))
+        else:
+            log.info("run directory: %s", run_path)
+        try:
+            summary = loop.run()
+        except BaseException as exc:
+            wandb_callback.abort()
+            if isinstance(exc, KeyboardInterrupt):
+                exc.run_dir = str(run_path)  # type: ignore[attr-defined]  # main() names it in the resume hint
+            if isinstance(exc, DiskError) and run_dir.checkpoint_path.is_file():
+                raise exc.with_next_step(f"then continue the run with 'fedhet fit --resume {run_path}'") from None
+            raise
+    finally:
+        run_dir.unlock()
     summary["run_dir"] = str(run_path)
     return summary
 
@@ -905,6 +982,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except FedhetError as exc:
         print(f"fedhet: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk or read-only directory a writer did not name itself
+        error = disk_error(exc.filename or "<unknown file>", exc)
+        if error is None:
+            raise
+        print(f"fedhet: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         run_dir = getattr(exc, "run_dir", "<run_dir>")
