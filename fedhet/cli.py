@@ -41,7 +41,7 @@ from fedhet.config import (
     parse_config,
     prepare_args,
 )
-from fedhet.errors import ConfigError, FedhetError
+from fedhet.errors import ConfigError, DiskError, FedhetError, disk_error
 
 if TYPE_CHECKING:
     from fedhet.federation.state import ClientStateStore
@@ -136,10 +136,21 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     checkpoint: dict[str, Any] | None = None
     if resume:  # a run that cannot continue says so before its data is loaded
         run_dir = RunDirectory(config.run_dir)
-        checkpoint = run_dir.load_checkpoint()
+        run_dir.lock()  # not while it still runs (a dead holder's lock died with it)
+        try:
+            run_dir.remove_stale_temporaries()  # a killed writer's .checkpoint.pt.tmp<pid> ...
+            checkpoint = run_dir.load_checkpoint()
+        except BaseException:
+            run_dir.unlock()
+            raise
     elif config.run_dir is not None:
         RunDirectory(config.run_dir).check_available()  # the same check as claim's below, before any work
-    experiment = build_experiment(parser, config)
+    try:
+        experiment = build_experiment(parser, config)
+    except BaseException:
+        if resume:
+            run_dir.unlock()
+        raise
     if not resume:
         explicit = config.run_dir is not None
         run_dir = RunDirectory.claim(config.run_dir if explicit else experiment.default_run_path(), unique=not explicit)
@@ -152,28 +163,33 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
     except BaseException:
         run_dir.release()
         raise
-    wandb_id = checkpoint.get("wandb_id") if checkpoint else None
-    wandb_callback = WandbCallback(experiment.objects.wandb, run_path, yaml.safe_load(resolved_yaml), wandb_id)
-    loop.callbacks = [  # figures first: drawn before summary.json marks the run complete and W&B finishes
-        FiguresCallback(run_path),
-        RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}),
-        ConsoleCallback(),
-        wandb_callback,
-        *callbacks,
-    ]
-    if checkpoint is not None:
-        loop.load_checkpoint_state(checkpoint)
-        run_dir.truncate_metrics(loop.next_round)
-        log.info("resuming %s at step %d of %d", run_path, loop.next_round + 1, len(loop.schedule))
-    else:
-        log.info("run directory: %s", run_path)
-    try:
-        summary = loop.run()
-    except BaseException as exc:
-        wandb_callback.abort()
-        if isinstance(exc, KeyboardInterrupt):
-            exc.run_dir = str(run_path)  # type: ignore[attr-defined]  # main() names it in the resume hint
-        raise
+    try:  # the run directory stays locked until the run ends, however it ends
+        wandb_id = checkpoint.get("wandb_id") if checkpoint else None
+        wandb_callback = WandbCallback(experiment.objects.wandb, run_path, yaml.safe_load(resolved_yaml), wandb_id)
+        loop.callbacks = [  # figures first: drawn before summary.json marks the run complete and W&B finishes
+            FiguresCallback(run_path),
+            RunDirectoryCallback(run_dir, {"wandb_id": wandb_callback.run_id}),
+            ConsoleCallback(),
+            wandb_callback,
+            *callbacks,
+        ]
+        if checkpoint is not None:
+            loop.load_checkpoint_state(checkpoint)
+            run_dir.truncate_metrics(loop.next_round)
+            log.info("resuming %s at step %d of %d", run_path, loop.next_round + 1, len(loop.schedule))
+        else:
+            log.info("run directory: %s", run_path)
+        try:
+            summary = loop.run()
+        except BaseException as exc:
+            wandb_callback.abort()
+            if isinstance(exc, KeyboardInterrupt):
+                exc.run_dir = str(run_path)  # type: ignore[attr-defined]  # main() names it in the resume hint
+            if isinstance(exc, DiskError) and run_dir.checkpoint_path.is_file():
+                raise exc.with_next_step(f"then continue the run with 'fedhet fit --resume {run_path}'") from None
+            raise
+    finally:
+        run_dir.unlock()
     summary["run_dir"] = str(run_path)
     return summary
 
@@ -386,6 +402,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except FedhetError as exc:
         print(f"fedhet: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk or read-only directory a writer did not name itself
+        error = disk_error(exc.filename or "<unknown file>", exc)
+        if error is None:
+            raise
+        print(f"fedhet: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         run_dir = getattr(exc, "run_dir", "<run_dir>")

@@ -79,11 +79,22 @@ EXECUTOR_NAMES = {
 
 
 def map_executor(node: Any) -> Any:
-    """A ``federation.executor`` value with a short name (``ray``) replaced by its class path."""
-    if isinstance(node, str) and node.lower() in EXECUTOR_NAMES:
-        return EXECUTOR_NAMES[node.lower()]
-    if isinstance(node, dict) and str(node.get("class_path", "")).lower() in EXECUTOR_NAMES:
-        return {**node, "class_path": EXECUTOR_NAMES[str(node["class_path"]).lower()]}
+    """A ``federation.executor`` value with a short name (``ray``) replaced by its class path.
+
+    A bare word that is neither a short name nor ``null`` is refused here in one line listing the
+    names (jsonargparse would answer "Expected a dot import path string" inside a union dump).
+    """
+    name = node if isinstance(node, str) else node.get("class_path") if isinstance(node, dict) else None
+    if not isinstance(name, str):
+        return node
+    if name.lower() in EXECUTOR_NAMES:
+        mapped = EXECUTOR_NAMES[name.lower()]
+        return mapped if isinstance(node, str) else {**node, "class_path": mapped}
+    if "." not in name and name.strip().lower() not in ("", "null", "none", "~"):
+        raise ConfigError(
+            f"federation.executor={name} is not an executor; use one of {', '.join(EXECUTOR_NAMES)} "
+            "(e.g. --federation.executor process) or a class path"
+        )
     return node
 
 
@@ -220,6 +231,50 @@ def range_error(message: str) -> str | None:
     return f"{key}={value} is out of range: it must be {allowed}; set --{key} to a value in range"
 
 
+_NOT_CONVERTIBLE = re.compile(
+    r"^(\s*)(?:- )?Not of type (\w+): (?:could not convert string to float|invalid literal for int\(\) "
+    r"with base \d+): '(.*)'$"
+)
+_EXPECTED_BUILTIN = re.compile(r"^(\s*)(?:- )?Expected a <class '(int|float|bool|str)'>\. Got value: (.*)$")
+_BUILTIN_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def type_error(message: str) -> str | None:
+    """One line for a value of the wrong type (``--method.lr fast``), from jsonargparse's nested error text.
+
+    jsonargparse reports it as a 450-character tree of ``Parser key``/union lines with class
+    reprs; users need the key, the value and what is expected (``None`` for other errors).
+    """
+    stack: list[tuple[int, str]] = []
+    key: str | None = None
+    value = ""
+    expected: list[str] = []
+    for line in message.splitlines():
+        found = _KEY.match(line)
+        if found:
+            indent = len(found.group(1))
+            stack = [(i, k) for i, k in stack if i < indent] + [(indent, found.group(2))]
+            continue
+        match = _NOT_CONVERTIBLE.match(line)
+        builtin = _EXPECTED_BUILTIN.match(line)
+        if match and match.group(2) in RANGES:
+            indent, wanted, given = len(match.group(1)), RANGES[match.group(2)], match.group(3)
+        elif builtin:
+            indent, wanted, given = len(builtin.group(1)), _BUILTIN_NAMES[builtin.group(2)], builtin.group(3)
+        else:
+            continue
+        here = ".".join(k for i, k in stack if i < indent)
+        if key is None:
+            key, value = here, given
+        if here == key and wanted not in expected:  # each member of a union, e.g. Fraction | PositiveInt
+            expected.append(wanted)
+    if key is None:
+        return None
+    key = key or "value"
+    allowed = " or ".join(expected)
+    return f"{key}={value} is not a valid value: it must be {allowed}; set --{key} to such a value"
+
+
 def parse_config(parser: Any, args: Sequence[str]) -> Any:
     """Parse ``args`` (after :func:`prepare_args`) with ``parser``; every parse error is one :class:`ConfigError` line.
 
@@ -231,7 +286,7 @@ def parse_config(parser: Any, args: Sequence[str]) -> Any:
     try:
         return parse_accepting_none(parser, list(args))
     except ArgumentError as exc:
-        message = range_error(str(exc))
+        message = range_error(str(exc)) or type_error(str(exc))
         if message is not None:
             raise ConfigError(message) from None
         raise ConfigError(f"{one_line(str(exc))}; see '{parser.prog} --help' or --print_config") from None
@@ -262,6 +317,12 @@ def check_config_file(path: str) -> None:
     if isinstance(content, dict) and "method" in content:
         try:
             map_method(content["method"])
+        except ConfigError as exc:
+            raise ConfigError(f"config file '{path}': {exc}") from None
+    federation = content.get("federation") if isinstance(content, dict) else None
+    if isinstance(federation, dict) and "executor" in federation:
+        try:
+            map_executor(federation["executor"])
         except ConfigError as exc:
             raise ConfigError(f"config file '{path}': {exc}") from None
 

@@ -5,7 +5,11 @@ is raised as a :class:`FedhetError` whose message is one line naming the problem
 The command line prints that line and exits non-zero; it never prints a traceback for them.
 """
 
+from __future__ import annotations
+
 import argparse
+import errno
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -27,6 +31,56 @@ class CheckpointError(FedhetError):
 
 class TrainingError(FedhetError):
     """Training diverged (a non-finite loss or weights) or a payload failed validation."""
+
+
+class DiskError(FedhetError):
+    """A file could not be written: the disk is full, or the directory is read-only or not ours.
+
+    Args:
+        path: the file (or directory) that could not be written.
+        problem: what went wrong, e.g. ``"no space left on the device (ENOSPC)"``.
+        remedy: what frees the way, e.g. ``"free space there"``.
+        then: the next step (default: choose another ``--run_dir``; a run that has a checkpoint
+            says how to continue it).
+    """
+
+    def __init__(self, path: str | Path, problem: str, remedy: str, then: str = "or choose another --run_dir") -> None:
+        self.path, self.problem, self.remedy, self.then = str(path), problem, remedy, then
+        super().__init__(f"cannot write '{path}': {problem}; {remedy}, {then}")
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.path, self.problem, self.remedy, self.then)
+
+    def with_next_step(self, then: str) -> DiskError:
+        """The same fault with another next step (e.g. the ``--resume`` command of the interrupted run)."""
+        return DiskError(self.path, self.problem, self.remedy, then)
+
+
+#: What a write failure means for the user, by ``errno``; other ``OSError``s stay tracebacks (bugs).
+DISK_PROBLEMS = {
+    errno.ENOSPC: ("no space left on the device", "free space there"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space there"),
+    errno.EROFS: ("the file system is read-only", "make it writable"),
+    errno.EACCES: ("permission denied", "make it writable"),
+    errno.EPERM: ("operation not permitted", "make it writable"),
+}
+
+
+def disk_error(path: str | Path, exc: BaseException) -> DiskError | None:
+    """The one-line :class:`DiskError` for a failed write of ``path``, or ``None`` when ``exc`` is another fault.
+
+    A full disk and a read-only run directory are the user's to fix, like a bad config value;
+    ``write()`` on a full disk raises ``OSError`` without a file name, so the writer names it.
+    The cause may be chained (a library that wraps the ``OSError``).
+    """
+    cause: BaseException | None = exc
+    while cause is not None and not (isinstance(cause, OSError) and cause.errno in DISK_PROBLEMS):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    code = cause.errno  # type: ignore[union-attr]
+    problem, remedy = DISK_PROBLEMS[code]
+    return DiskError(path, f"{problem} ({errno.errorcode[code]})", remedy)
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -7,24 +7,26 @@ so that no layer has to import another sideways (and no import cycle needs hidin
 from __future__ import annotations
 
 import copy
-import os
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fedhet.errors import CheckpointError
+from fedhet.files import atomic_write_bytes
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file in the same directory, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """``torch.save`` to a temporary file in the same directory, fsync, then rename over ``path``.
+
+    The object is serialised in memory first and written with one plain ``write``: torch's zip
+    writer turns a full disk into ``RuntimeError: ... unexpected pos``, a plain write into
+    ``ENOSPC``, which :func:`fedhet.files.atomic_write` reports in one line (temporary file removed).
+    """
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(path, buffer.getbuffer())
 
 
 def safe_torch_load(path: Path, what: str) -> Any:

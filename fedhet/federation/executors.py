@@ -10,7 +10,8 @@ hides in a worker between calls and a worker can live in another process or on a
   module per architecture.
 * :class:`ProcessExecutor`: a pool of local worker processes, each rebuilding the runtime from
   the recipe; independent client steps run concurrently with ``threads_per_worker`` intra-op
-  threads each and give the numbers of the sequential executor at the same thread count.
+  threads each and give the numbers of the sequential executor at the same thread count. The
+  workers end within a second of the driver's death, however it dies (:func:`die_with_parent`).
 * :class:`~fedhet.federation.ray_executor.RayExecutor` (``fedhet[ray]``): the same on Ray actors,
   on this machine (whole or fractional GPUs per worker) or on a running Ray cluster.
 
@@ -21,6 +22,8 @@ executor runs it in the driver's runtime.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -108,8 +111,6 @@ def build_worker_runtime(recipe: RuntimeRecipe, threads: int) -> ClientRuntime:
     Shared by every executor whose workers live in other processes (local pools, Ray actors), so
     they all run clients with the same numerics as the driver at the same thread count.
     """
-    import os
-
     import torch
 
     os.environ.setdefault("MKL_DYNAMIC", "FALSE")
@@ -121,8 +122,47 @@ def build_worker_runtime(recipe: RuntimeRecipe, threads: int) -> ClientRuntime:
     return recipe.build()
 
 
-def _start_worker(recipe: RuntimeRecipe, threads: int) -> None:
+#: How often a worker's watchdog checks that its parent lives (seconds).
+PARENT_POLL_S = 0.2
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this worker process as soon as ``parent_pid`` (the driver that started it) is gone.
+
+    A pool worker otherwise outlives a driver killed with ``kill -9`` for as long as its client
+    step lasts (seconds of full CPU per worker), since nothing tells it the results have nowhere
+    to go. On Linux the kernel sends it ``SIGKILL`` when the parent dies
+    (``prctl(PR_SET_PDEATHSIG)``); everywhere, a daemon thread polls ``os.getppid()`` and exits
+    when the worker has been re-parented. Both check once right away: the parent may have died
+    while the worker was still starting.
+    """
+    import ctypes
+    import signal
+    import sys
+    import threading
+
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog alone
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            if os.getppid() != parent_pid:
+                os._exit(1)  # no clean-up: the results and the run directory belong to the dead parent
+
+    threading.Thread(target=watch, name="fedhet-parent-watchdog", daemon=True).start()
+
+
+def _start_worker(recipe: RuntimeRecipe, threads: int, parent_pid: int | None = None) -> None:
     global _WORKER_RUNTIME
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     _WORKER_RUNTIME = build_worker_runtime(recipe, threads)
 
 
@@ -160,7 +200,7 @@ class ProcessExecutor(Executor):
             max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker,
-            initargs=(recipe, self.threads_per_worker),
+            initargs=(recipe, self.threads_per_worker, os.getpid()),
         )
 
     def _map(self, fn: Any, *iterables: Any) -> list[Any]:

@@ -336,6 +336,10 @@ class FederationLoop:
         record.update(self.ledger.end_round(step_idx, len(selected)))
         if self.settings.on_invalid_upload == "drop":
             record["comm/dropped_uploads"] = len(received) - len(uploads)
+            kept = {upload.client_id for upload in uploads}
+            for upload in received:  # per client, for summary.json's dropped_uploads
+                if upload.client_id not in kept:
+                    record[f"client/{upload.client_id}/dropped_uploads"] = 1
         self.store.commit(step_idx)
 
         eval_started = time.perf_counter()
@@ -583,7 +587,23 @@ class FederationLoop:
             },
             "wall_s": round(self.elapsed_s, 3),
             **({"rounds_to_target": self.rounds_to_target()} if self.target_accuracy else {}),
+            **({"dropped_uploads": self.dropped_uploads()} if self.on_invalid_upload == "drop" else {}),
         }
+
+    def dropped_uploads(self) -> dict[str, Any]:
+        """Uploads dropped under ``on_invalid_upload: drop``: the total and per client (ids as strings, JSON keys).
+
+        Counted from the round records (``client/<id>/dropped_uploads``), which the checkpoint
+        carries, so a resumed run counts the drops of the rounds before its interruption too.
+        """
+        per_client: dict[str, int] = {}
+        for record in self.history:
+            for key, value in record.items():
+                if key.startswith("client/") and key.endswith("/dropped_uploads"):
+                    client = key.split("/")[1]
+                    per_client[client] = per_client.get(client, 0) + int(value)
+        ordered = {k: per_client[k] for k in sorted(per_client, key=int)}
+        return {"total": sum(int(r.get("comm/dropped_uploads", 0)) for r in self.history), "per_client": ordered}
 
     def rounds_to_target(self) -> dict[str, int | None]:
         """Communication rounds until each ``target_accuracy`` metric first reached its target (``None``: never).

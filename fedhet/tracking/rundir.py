@@ -15,6 +15,13 @@ A new run claims its directory with an exclusive ``os.mkdir`` (:meth:`RunDirecto
 runs started in the same second with the same method and seed (parallel sweep agents, a job
 array) used to share ``runs/<method>-<time>-s<seed>/`` and interleave their metrics; now the
 second one gets ``...-s<seed>-2``. A directory named by the user must be new or empty.
+
+Every run, new or resumed, also holds ``<run_dir>/.fedhet.lock`` with an exclusive ``flock``
+for its whole life (:meth:`RunDirectory.lock`). ``mkdir`` alone cannot settle two runs given the
+same ``--run_dir`` (both may find it empty: the second mkdir fails, then the directory is still
+empty until the first writes ``config.yaml``), nor a ``--resume`` of a run that is still going.
+The kernel drops the lock when its process dies, however it dies, so a killed run resumes
+without any clean-up; a run that ends normally removes the lock file.
 """
 
 from __future__ import annotations
@@ -25,10 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.core.state import atomic_torch_save, safe_torch_load
-from fedhet.errors import CheckpointError, ConfigError
-from fedhet.files import atomic_write_text
+from fedhet.errors import CheckpointError, ConfigError, DiskError, disk_error
+from fedhet.files import atomic_write_text, remove_stale_temporaries
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no run lock, mkdir's exclusivity only
+    fcntl = None  # type: ignore[assignment]
 
 CHECKPOINT_FORMAT = 1
+LOCK_NAME = ".fedhet.lock"
+
+__all__ = ["CHECKPOINT_FORMAT", "LOCK_NAME", "RunDirectory", "RunDirectoryCallback"]
 
 
 class RunDirectory:
@@ -41,6 +56,7 @@ class RunDirectory:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._created = False  # made by claim(): release() may remove it
+        self._lock_fd: int | None = None  # the open, flock-ed LOCK_NAME while this process runs here
 
     @classmethod
     def claim(cls, path: str | Path, unique: bool = False) -> RunDirectory:
@@ -56,28 +72,118 @@ class RunDirectory:
             ConfigError: ``path`` (not ``unique``) exists and is not an empty directory.
         """
         base = Path(path)
-        base.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            base.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise (disk_error(base.parent, exc) or exc) from None
         candidates = [base] + ([base.with_name(f"{base.name}-{n}") for n in range(2, 1000)] if unique else [])
         for candidate in candidates:
+            claimed = cls(candidate)
             try:
                 os.mkdir(candidate)  # atomic: exactly one process succeeds for a name
             except FileExistsError:
                 if unique:
                     continue
-                cls(candidate).check_available()
-                return cls(candidate)  # an empty directory the user made for this run
-            claimed = cls(candidate)
+                claimed.check_available()  # a file or a finished run: say so before locking
+                claimed.lock()  # a second run given the same --run_dir stops here ...
+                try:
+                    claimed.check_available()  # ... or here, if the first one already wrote into it
+                except BaseException:
+                    claimed.unlock()
+                    raise
+                return claimed  # an empty directory the user made for this run
+            except OSError as exc:
+                raise (disk_error(candidate, exc) or exc) from None
             claimed._created = True
+            try:
+                claimed.lock()
+            except ConfigError:
+                raise  # another run locked it first and owns it now: leave it alone
+            except BaseException:
+                claimed.release()
+                raise
             return claimed
         raise ConfigError(f"run directories '{base}' to '{candidates[-1]}' all exist; choose another --run_dir")
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path / LOCK_NAME
+
+    def lock(self) -> None:
+        """Take the run's exclusive lock, held until :meth:`unlock` or this process ends.
+
+        Raises:
+            ConfigError: another live process holds it (a run in this directory is going on).
+            DiskError: the directory is read-only (the lock file cannot be created).
+        """
+        if fcntl is None or self._lock_fd is not None:
+            return
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                raise ConfigError(f"run directory '{self.path}' does not exist; check the path") from None
+            except OSError as exc:
+                raise (disk_error(self.lock_path, exc) or exc) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode("ascii", "replace").strip()
+                os.close(fd)
+                raise ConfigError(
+                    f"run directory '{self.path}' is in use by another fedhet run (process {holder or '?'}); "
+                    "wait for it to end, or choose another --run_dir"
+                ) from None
+            # The file may have been removed by its previous holder between open and flock (unlock
+            # unlinks it): a lock on that orphan excludes nobody, so take the current file instead.
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.lock_path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+        except OSError as exc:
+            os.close(fd)
+            raise (disk_error(self.lock_path, exc) or exc) from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        """Release the lock and remove its file (a run ended; a killed run's lock dies with its process)."""
+        if self._lock_fd is None:
+            return
+        try:
+            self.lock_path.unlink(missing_ok=True)  # before closing: nobody can lock it in between
+        except OSError:
+            pass
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Delete temporary files a killed writer left (``.checkpoint.pt.tmp<pid>`` ...); call while locked."""
+        return remove_stale_temporaries(self.path)
 
     def check_available(self) -> None:
         """Refuse a directory chosen for a new run that exists and is not empty (cheap; run before any work).
 
         Raises:
             ConfigError: the path exists and is a file or a non-empty directory.
+            DiskError: the directory, or the nearest existing one above a new one, is not writable.
         """
-        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(
+                f"run directory '{self.path}' is a file, not a directory; choose another --run_dir "
+                "(a new or an empty directory)"
+            )
+        existing = next((p for p in (self.path, *self.path.parents) if p.exists()), None)
+        if existing is not None and existing.is_dir() and not os.access(existing, os.W_OK):
+            # access() answers EROFS for a read-only mount (root included): say so before any work
+            raise DiskError(existing, "it is read-only (a read-only file system or no write permission)",
+                            "make it writable")
+        if self.path.exists() and any(p.name != LOCK_NAME for p in self.path.iterdir()):
             raise ConfigError(
                 f"run directory '{self.path}' already exists and is not empty; continue an interrupted run "
                 f"with 'fedhet fit --resume {self.path}', or choose another --run_dir"
@@ -87,8 +193,10 @@ class RunDirectory:
         """Undo :meth:`claim` after a start-up failure: remove the directory again if it is ours and empty.
 
         Only a directory this process made is removed, with an empty ``clients/`` left by the disk
-        state store, and only with ``os.rmdir``, so nothing a run wrote is ever deleted.
+        state store, and only with ``os.rmdir``, so nothing a run wrote is ever deleted. The lock
+        is released (its file removed) in any case.
         """
+        self.unlock()
         if not self._created:
             return
         for directory in (self.path / "clients", self.path):
@@ -135,10 +243,26 @@ class RunDirectory:
         atomic_write_text(self.config_path, config_yaml)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        """Append one line; a failed write (full disk) is cut off again, so the file holds whole lines only."""
+        line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+        try:
+            fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise (disk_error(self.metrics_path, exc) or exc) from None
+        size = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(line):
+                written += os.write(fd, line[written:])
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+            raise (disk_error(self.metrics_path, exc) or exc) from None
+        finally:
+            os.close(fd)
 
     def truncate_metrics(self, rounds_done: int) -> None:
         """Keep the metrics lines of the first ``rounds_done`` rounds (drop a round that never checkpointed)."""

@@ -13,17 +13,30 @@ sweep server chooses the next runs from the metrics it receives. The W&B run id 
 ``mode="online"`` without W&B credentials (no ``WANDB_API_KEY``, no ``wandb login`` entry in
 ``~/.netrc``) would make ``wandb.init`` prompt or fail after the run has started; such a run logs
 offline instead (the command line says so in one warning line), and ``wandb sync`` uploads it later.
+
+With credentials but no way to the server (no network, a firewall, a wrong key), ``wandb.init``
+used to wait 90 s and end the run with a ``CommError`` traceback. Online runs now give the server
+:data:`INIT_TIMEOUT_S` seconds (``WANDB_INIT_TIMEOUT`` overrides it), then log offline with one
+warning line, after removing what the failed attempt left under ``<run_dir>/wandb/``; if even
+offline logging cannot start, the run goes on without W&B (its own files hold every number).
 """
 
 from __future__ import annotations
 
+import logging
 import netrc
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 WandbMode = Literal["online", "offline", "disabled"]
+
+#: Seconds an online run waits for the W&B server before it logs offline (W&B's own default is 90).
+INIT_TIMEOUT_S = 10.0
+
+log = logging.getLogger("fedhet")
 
 
 class WandbConfig:
@@ -98,6 +111,14 @@ def wandb_credentials_available() -> bool:
     return False
 
 
+def init_timeout() -> float:
+    """Seconds an online ``wandb.init`` may wait for the server: ``WANDB_INIT_TIMEOUT``, else :data:`INIT_TIMEOUT_S`."""
+    try:
+        return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+    except ValueError:
+        return INIT_TIMEOUT_S
+
+
 class WandbCallback:
     """Round callback logging to one W&B run (a no-op when disabled)."""
 
@@ -110,23 +131,66 @@ class WandbCallback:
         import wandb
 
         self._wandb = wandb
-        self.run = wandb.init(
+        mode = config.effective_mode()
+        arguments = dict(
             project=config.project,
             entity=config.entity,
             group=config.group,
             name=config.name,
             tags=config.tags,
-            mode=config.effective_mode(),  # type: ignore[arg-type]
             dir=str(run_dir),
             config=resolved_config,
             id=run_id,
             resume="allow" if run_id else None,
-            settings=wandb.Settings(console="off", silent=True),
         )
+        self.run = self._init(mode, arguments)
+        if self.run is None and mode == "online":
+            self.run = self._init("offline", arguments)
+        if self.run is None:
+            return
         self.run_id = self.run.id
         self.run.define_metric("round")
         for prefix in ("acc*", "val/*", "client/*", "domain/*", "server/*", "comm/*", "train/*", "time/*"):
             self.run.define_metric(prefix, step_metric="round")
+
+    def _init(self, mode: str, arguments: dict[str, Any]) -> Any:
+        """``wandb.init`` in ``mode``, or ``None`` after one warning line when it fails.
+
+        What a failed attempt wrote under ``<run_dir>/wandb/`` (a ``run-*`` folder, the
+        ``latest-run`` and log links) is removed, so no half-made W&B run is left to sync.
+        """
+        wandb = self._wandb
+        folder = self.run_dir / "wandb"
+        before = set(folder.iterdir()) if folder.is_dir() else None
+        settings: dict[str, Any] = {"console": "off", "silent": True}
+        if mode == "online":
+            settings["init_timeout"] = init_timeout()
+        try:
+            return wandb.init(mode=mode, settings=wandb.Settings(**settings), **arguments)
+        except Exception as exc:  # noqa: BLE001 - any failure to start logging must not end the run
+            reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            reason = reason if len(reason) <= 160 else reason[:157] + "..."
+        try:
+            wandb.finish(exit_code=1)  # a run object the failed init may have left behind
+        except Exception:  # noqa: BLE001
+            pass
+        if folder.is_dir():
+            for path in set(folder.iterdir()) - (before or set()):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            if before is None and not any(folder.iterdir()):
+                folder.rmdir()
+        if mode == "online":
+            log.warning(
+                "fedhet: warning: W&B could not start online (%s); logging offline into the run directory "
+                "instead, upload it later with 'wandb sync'",
+                reason,
+            )
+        else:
+            log.warning("fedhet: warning: W&B could not start (%s); the run continues without W&B", reason)
+        return None
 
     def on_round_end(self, loop: Any, record: dict[str, Any]) -> None:
         if self.run is None:
