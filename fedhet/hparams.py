@@ -225,6 +225,9 @@ class Hyperparameters:
                     raise ConfigError(f"{field.name}={value!r} is not {_range_of(annotation)}") from None
             elif typing.get_origin(annotation) is Literal and value not in typing.get_args(annotation):
                 raise ConfigError(f"{field.name}={value!r} is not {_range_of(annotation)}")
+            # the parser hands range-checked number types; kept plain, they pickle into checkpoints
+            # that load under weights_only=True
+            object.__setattr__(self, field.name, plain(value))
         self.check()
 
     def check(self) -> None:

@@ -175,11 +175,11 @@ def test_python_callers_pass_plain_floats_and_the_cli_builds_plain_numbers():
     from fedhet.algorithms import FedProto
     from fedhet.config import build_experiment, build_parser
 
-    assert FedProto(lam=0.5, lr=0.1).lr == 0.1
+    assert FedProto(lam=0.5, lr=0.1).hp.lr == 0.1
     parser = build_parser()
     config = parser.parse_args(["--config", SGD_CONFIG, *tiny_overrides(), "--method.lr=0.2"])
     experiment = build_experiment(parser, config)
-    assert type(experiment.method.lr) is float and type(experiment.method.lam) is float
+    assert type(experiment.method.hp.lr) is float and type(experiment.method.hp.lam) is float
     assert type(experiment.objects.trainer.accumulate_grad_batches) is int
 
 

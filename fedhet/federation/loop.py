@@ -587,7 +587,7 @@ class FederationLoop:
             },
             "wall_s": round(self.elapsed_s, 3),
             **({"rounds_to_target": self.rounds_to_target()} if self.target_accuracy else {}),
-            **({"dropped_uploads": self.dropped_uploads()} if self.on_invalid_upload == "drop" else {}),
+            **({"dropped_uploads": self.dropped_uploads()} if self.settings.on_invalid_upload == "drop" else {}),
         }
 
     def dropped_uploads(self) -> dict[str, Any]:

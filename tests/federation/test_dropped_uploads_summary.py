@@ -8,7 +8,7 @@ import torch
 
 from fedhet.algorithms import FedAvg
 from fedhet.algorithms.fedavg import FedAvgClient
-from fedhet.federation import FederationLoop
+from fedhet.federation import FederationLoop, FederationSettings
 from fedhet.federation.trainer import TrainerTemplate
 from tests.conftest import tiny_label_skew
 
@@ -26,9 +26,9 @@ class _NaNClient(FedAvgClient):
 
 
 class _NaNFedAvg(FedAvg):
-    def build_client(self, model, num_classes):
-        """A client that can send NaN."""
-        return _NaNClient(model, num_classes, **self.optimizer_kwargs())
+    """FedAvg whose clients can send NaN."""
+
+    client_type = _NaNClient
 
 
 def _loop(rounds: int, broken: dict[int, set[int]]) -> FederationLoop:
@@ -37,7 +37,8 @@ def _loop(rounds: int, broken: dict[int, set[int]]) -> FederationLoop:
     scenario.setup()
     loop = FederationLoop(
         _NaNFedAvg(lr=0.05), scenario, ["cnn_tiny"] * scenario.num_clients,
-        TrainerTemplate(max_epochs=1, accelerator="cpu"), rounds=rounds, on_invalid_upload="drop",
+        TrainerTemplate(max_epochs=1, accelerator="cpu"), rounds=rounds,
+        settings=FederationSettings(on_invalid_upload="drop"),
     )
     original = loop.runtime._load
 
