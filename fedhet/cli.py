@@ -42,6 +42,8 @@ from fedhet.hparams import RANGES, Fraction, NonNegativeInt, PositiveInt
 
 if TYPE_CHECKING:  # jsonargparse resolves these annotations without importing torch up front
     from fedhet.federation import FederationLoop
+    from fedhet.federation.aggregation import Aggregator
+    from fedhet.federation.attacks import UploadAttack
     from fedhet.federation.executors import Executor
     from fedhet.federation.lr_schedule import LRSchedule
     from fedhet.federation.privacy import PayloadNoise
@@ -71,9 +73,17 @@ class FederationSettings:
         extra_rounds: full-participation rounds after the federated rounds (equal budgets for
             baselines of methods with a post-federation phase, e.g. FedVTC's).
         on_invalid_upload: ``"fail"`` (stop, naming the sender) or ``"drop"`` (continue without it,
-            counted in ``comm/dropped_uploads``).
-        upload_norm_bound: refuse uploads whose update norm exceeds this multiple of the round's
-            median, naming the client (``null``: no bound).
+            counted in ``comm/dropped_uploads``): non-finite values, wrong keys, shapes or dtypes
+            (float16 is refused), bad counts and uploads over either bound below.
+        upload_norm_bound: refuse uploads whose model weights moved more than this multiple of
+            the global model's norm, naming the client (``null``: no bound; docs/concepts.md).
+        upload_value_bound: refuse uploads holding any value larger in magnitude than this
+            (``null``: no bound).
+        aggregator: how weight-averaging methods combine uploads: ``{rule: mean}`` (FedAvg, the
+            default), ``median``, ``trimmed_mean`` (``beta``) or ``krum`` (``f``, ``m``; m > 1 is
+            Multi-Krum), e.g. ``--federation.aggregator.rule median``.
+        upload_attack: simulated malicious clients for robustness studies, e.g. ``{clients: [0, 1],
+            kind: sign_flip, factor: 4}`` (``scale``, ``sign_flip`` or ``value``); ``null``: none.
         persist_optimizer_state: carry each client's optimizer state (momentum, Adam moments)
             across rounds; off restarts the optimizer every round as HtFLlib does.
         lr_schedule: per-round factor on every client learning rate (local stages and the
@@ -102,7 +112,10 @@ class FederationSettings:
         eval_clients: Literal["auto", "all", "participants"] | PositiveInt = "auto",
         extra_rounds: NonNegativeInt = 0,
         on_invalid_upload: Literal["fail", "drop"] = "fail",
-        upload_norm_bound: float | None = None,
+        upload_norm_bound: float | None = 10.0,  # FederationLoop's UPLOAD_NORM_BOUND
+        upload_value_bound: float | None = 1e6,  # FederationLoop's UPLOAD_VALUE_BOUND
+        aggregator: Aggregator | None = None,
+        upload_attack: UploadAttack | None = None,
         persist_optimizer_state: bool = True,
         upload_noise: PayloadNoise | None = None,
         download_noise: PayloadNoise | None = None,
@@ -119,6 +132,9 @@ class FederationSettings:
         self.extra_rounds = extra_rounds
         self.on_invalid_upload = on_invalid_upload
         self.upload_norm_bound = upload_norm_bound
+        self.upload_value_bound = upload_value_bound
+        self.aggregator = aggregator
+        self.upload_attack = upload_attack
         self.persist_optimizer_state = persist_optimizer_state
         self.upload_noise = upload_noise
         self.download_noise = download_noise
@@ -593,6 +609,9 @@ class Experiment:
             extra_rounds=federation.extra_rounds,
             on_invalid_upload=federation.on_invalid_upload,
             upload_norm_bound=federation.upload_norm_bound,
+            upload_value_bound=federation.upload_value_bound,
+            aggregator=federation.aggregator,
+            upload_attack=federation.upload_attack,
             recipe=recipe,
             persist_optimizer_state=federation.persist_optimizer_state,
             upload_noise=federation.upload_noise,

@@ -120,4 +120,4 @@ class FD(Algorithm):
         return FDClient(model, num_classes, lam=self.gamma, distillation=self.distillation, **self.optimizer_kwargs())
 
     def build_server(self) -> ServerPhase:
-        return ClassMeanServer(self.logit_weighting)
+        return ClassMeanServer(self.logit_weighting, dim="classes")

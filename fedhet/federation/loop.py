@@ -29,6 +29,8 @@ from fedhet.algorithms.base import Algorithm, ClientUpload, RunPhase, ServerCont
 from fedhet.core.payloads import Payload
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError, TrainingError
+from fedhet.federation.aggregation import Aggregator
+from fedhet.federation.attacks import UploadAttack
 from fedhet.federation.executors import Executor, SequentialExecutor
 from fedhet.federation.ledger import CommunicationLedger
 from fedhet.federation.lr_schedule import LRSchedule
@@ -77,6 +79,15 @@ def final_metrics(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if not k.startswith(("val/", "time/", "comm/", "server/", "eval/"))}
 
 
+#: Default ``upload_norm_bound``: an update may be at most this many times the norm of the global
+#: model it started from. Honest shipped configs stay below 0.6 (docs/concepts.md, "Invalid and
+#: poisoned uploads"); a model scaled x50 is at 49.
+UPLOAD_NORM_BOUND = 10.0
+#: Default ``upload_value_bound``: no honest upload holds a value this large; 1e30 weights or
+#: prototypes do.
+UPLOAD_VALUE_BOUND = 1e6
+
+
 def update_norm(upload: Payload, download: Payload | None) -> float:
     """L2 norm of an upload's floating tensors minus the same tensors of the client's download (if any)."""
     received = dict(download.tensors()) if download is not None else {}
@@ -92,6 +103,36 @@ def update_norm(upload: Payload, download: Payload | None) -> float:
         )
         total += float(delta.pow(2).sum())
     return total**0.5
+
+
+def relative_update(upload: Payload, download: Payload | None) -> float | None:
+    """``||w_upload - w_global|| / ||w_global||`` over the model weights both carry (``None``: nothing to compare).
+
+    Only tensors under a ``weights`` field that the client's download holds under the same name
+    and shape count: the global model the client started from is the server's own reference of
+    scale, known before any upload arrives, so the bound needs no other upload (one client per
+    round is enough). Prototypes, logits and control variates have no such reference (a server's
+    prototypes may differ in scale from a client's by design) and are left to the value bound.
+    """
+    if download is None:
+        return None
+    received = {name: tensor for name, tensor in download.tensors() if name.startswith("weights.")}
+    delta_sq, reference_sq = 0.0, 0.0
+    for name, tensor in upload.tensors():
+        reference = received.get(name)
+        if reference is None or not tensor.is_floating_point() or reference.shape != tensor.shape:
+            continue
+        delta_sq += float((tensor.double() - reference.double()).pow(2).sum())
+        reference_sq += float(reference.double().pow(2).sum())
+    if reference_sq <= 0.0:
+        return None
+    return (delta_sq / reference_sq) ** 0.5
+
+
+def largest_value(upload: Payload) -> float:
+    """The largest magnitude among an upload's floating values (0 when it carries none)."""
+    values = [float(t.detach().abs().max()) for _, t in upload.tensors() if t.is_floating_point() and t.numel()]
+    return max(values, default=0.0)
 
 
 def check_compatibility(algorithm: Algorithm, scenario: Any, architectures: Sequence[str], family_name: str) -> None:
@@ -147,10 +188,16 @@ class FederationLoop:
             round goes on without it; dropped uploads are counted in ``comm/dropped_uploads``).
         lr_schedule: per-round factor on every client learning rate, local and public phase, for
             every method alike (``None``: constant rates; :mod:`fedhet.federation.lr_schedule`).
-        upload_norm_bound: refuse an upload whose update norm (upload minus the download the
-            client received, or the upload itself when there is none) exceeds this multiple of
-            the round's median, naming the sender, so a poisoned upload is caught where it
-            enters (``None``: no bound).
+        upload_norm_bound: refuse an upload whose model weights moved more than this multiple of
+            the norm of the global model the client received, ``||w_k - w|| > bound * ||w||``
+            (:func:`relative_update`), naming the sender in the round it arrives; needs no other
+            upload, so it holds with one client per round (``None``: no bound).
+        upload_value_bound: refuse an upload holding any floating value larger in magnitude
+            than this (1e30 weights, prototypes or logits), whatever the method (``None``: no bound).
+        aggregator: the rule weight-averaging servers combine uploads with (``None``: the
+            example-weighted mean; :mod:`fedhet.federation.aggregation`).
+        upload_attack: simulated malicious clients replacing their uploads (robustness studies
+            and tests; ``None``: every client honest; :mod:`fedhet.federation.attacks`).
         eval_after_local_training: also evaluate every client's model as its last local training
             left it (``pre/`` metrics) where the method scores clients after the download, e.g.
             FedAvg's global model: the FCCL+ authors score homogeneous clients this way.
@@ -179,7 +226,10 @@ class FederationLoop:
         extra_rounds: int = 0,
         recipe: RuntimeRecipe | None = None,
         on_invalid_upload: Literal["fail", "drop"] = "fail",
-        upload_norm_bound: float | None = None,
+        upload_norm_bound: float | None = UPLOAD_NORM_BOUND,
+        upload_value_bound: float | None = UPLOAD_VALUE_BOUND,
+        aggregator: Aggregator | None = None,
+        upload_attack: UploadAttack | None = None,
         target_accuracy: Mapping[str, float | Sequence[float]] | None = None,
         lr_schedule: LRSchedule | None = None,
         eval_after_local_training: bool = False,
@@ -216,10 +266,21 @@ class FederationLoop:
         self.eval_after_local_training = eval_after_local_training
         if on_invalid_upload not in ("fail", "drop"):
             raise ConfigError(f"federation.on_invalid_upload={on_invalid_upload!r}: use 'fail' or 'drop'")
-        if upload_norm_bound is not None and upload_norm_bound <= 1.0:
+        if upload_norm_bound is not None and not upload_norm_bound > 0.0:
             raise ConfigError(
-                f"federation.upload_norm_bound={upload_norm_bound}: must be > 1 (a multiple of the median)"
+                f"federation.upload_norm_bound={upload_norm_bound}: give a positive multiple of the global "
+                f"model's norm (default {UPLOAD_NORM_BOUND:g}) or null for none"
             )
+        if upload_value_bound is not None and not upload_value_bound > 0.0:
+            raise ConfigError(
+                f"federation.upload_value_bound={upload_value_bound}: give a positive magnitude "
+                f"(default {UPLOAD_VALUE_BOUND:g}) or null for none"
+            )
+        self.upload_value_bound = upload_value_bound
+        self.aggregator = aggregator or Aggregator()
+        self.upload_attack = upload_attack
+        #: every dropped upload: ``{"round", "client", "reason"}`` (checkpointed with the run)
+        self.dropped_uploads: list[dict[str, Any]] = []
         self.on_invalid_upload = on_invalid_upload
         self.target_accuracy = {
             key: [float(t) for t in (targets if isinstance(targets, Sequence) else [targets])]
@@ -274,6 +335,12 @@ class FederationLoop:
         )
         self.executor.start(self.recipe, self.runtime)
         self.server = algorithm.build_server()
+        if self.aggregator.robust and not self.server.supports_aggregator():
+            raise ConfigError(
+                f"federation.aggregator.rule={self.aggregator.rule!r} replaces the mean of weight-averaging "
+                f"methods, but {algorithm.name}'s server combines uploads its own way; use rule 'mean' "
+                "or a FedAvg-family method (FedAvg, FedProx, MOON, FedRS, FedPer, LG-FedAvg, FML, FedType)"
+            )
         self.server.setup(self.server_context())
         self.schedule = self._build_schedule()
         self.ledger = CommunicationLedger()
@@ -285,6 +352,7 @@ class FederationLoop:
         self.elapsed_s = 0.0
         self.last_matrix: dict[str, Any] = {}
         self._downloads: dict[tuple[int, int], Payload | None] = {}
+        self._upload_stats: dict[str, float] = {}
         self._participants: list[int] = []
         self._fresh_states: dict[int, Any] = {}
         self._virtual_models: dict[str, nn.Module] = {}
@@ -307,6 +375,7 @@ class FederationLoop:
             model_factory=self.runtime.build_network,
             public_loader=public,
             rounds=self.rounds,
+            aggregate_states=self.aggregator if self.aggregator.robust else None,
         )
 
     def _build_schedule(self) -> list[Step]:
@@ -375,6 +444,8 @@ class FederationLoop:
                     upload = self.upload_noise.perturb(
                         upload, derive_seed(self.seed, "upload-noise", step_idx, result.client_id)
                     )
+                if self.upload_attack is not None and self.upload_attack.attacks(result.client_id):
+                    upload = self.upload_attack.poison(upload, self._downloads.get((step_idx, result.client_id)))
                 self.ledger.record_up(upload.nbytes())
                 received.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
         uploads = self._screen_uploads(step_idx, received)
@@ -395,8 +466,8 @@ class FederationLoop:
                 record[f"client/{result.client_id}/{name}"] = value
         record.update({f"server/{k}": v for k, v in self.server.metrics().items()})
         record.update(self.ledger.end_round(step_idx, len(selected)))
-        if self.on_invalid_upload == "drop":
-            record["comm/dropped_uploads"] = len(received) - len(uploads)
+        record["comm/dropped_uploads"] = len(received) - len(uploads)
+        record.update({key: round(value, 6) for key, value in self._upload_stats.items()})
         self.store.commit(step_idx)
 
         eval_started = time.perf_counter()
@@ -416,37 +487,57 @@ class FederationLoop:
         return record
 
     def _screen_uploads(self, step_idx: int, uploads: list[ClientUpload]) -> list[ClientUpload]:
-        """Validate every upload where it enters (finite, floating, within the norm bound); fail or drop."""
+        """Check every upload where it enters; with ``fail`` stop naming its sender, with ``drop`` go on without it.
+
+        Checked against the server's own expectations only (never against another upload), so the
+        client named is always the one at fault: finite floating values (:meth:`Payload.validate`),
+        the server's keys, shapes, dtypes and counts (:meth:`ServerPhase.check_upload`), the value
+        bound and the norm bound relative to the global model the client received.
+        """
         accepted: list[ClientUpload] = []
-        norms: list[float] = []
+        self._upload_stats = {}
         for upload in uploads:
+            sender = f"client {upload.client_id}"
             try:
-                upload.payload.validate(f"client {upload.client_id}")
+                upload.payload.validate(sender)
+                self.server.check_upload(upload)
+                ratio, largest = self._check_bounds(step_idx, upload)
             except TrainingError as error:
                 if self.on_invalid_upload == "fail":
-                    raise
+                    raise TrainingError(f"round {step_idx}: {error}") from None
                 log.warning("dropped the upload of client %d in round %d: %s", upload.client_id, step_idx, error)
+                self.dropped_uploads.append({"round": step_idx, "client": upload.client_id, "reason": str(error)})
                 continue
             accepted.append(upload)
-            if self.upload_norm_bound is not None:
-                norms.append(update_norm(upload.payload, self._downloads.get((step_idx, upload.client_id))))
-        if self.upload_norm_bound is None or len(accepted) < 3:
-            return accepted
-        median = float(torch.tensor(norms, dtype=torch.float64).median())
-        kept = []
-        for upload, norm in zip(accepted, norms, strict=True):
-            if norm > self.upload_norm_bound * median:
-                message = (
-                    f"client {upload.client_id} sent an update of norm {norm:.4g} in round {step_idx}, "
-                    f"{norm / max(median, 1e-30):.3g}x the round's median {median:.4g} (bound "
-                    f"{self.upload_norm_bound}); a diverged or poisoned client, or raise federation.upload_norm_bound"
+            # the largest accepted values of the round, logged so bounds can be chosen from data
+            stats = self._upload_stats
+            stats["comm/max_upload_value"] = max(stats.get("comm/max_upload_value", 0.0), largest)
+            if ratio is not None:
+                stats["comm/max_update_ratio"] = max(stats.get("comm/max_update_ratio", 0.0), ratio)
+        return accepted
+
+    def _check_bounds(self, step_idx: int, upload: ClientUpload) -> tuple[float | None, float]:
+        """Raise a one-line :class:`TrainingError` if ``upload`` exceeds the value or the norm bound.
+
+        Returns:
+            ``(relative update, largest value)`` of an upload within both bounds.
+        """
+        sender = f"client {upload.client_id}"
+        largest = largest_value(upload.payload)
+        if self.upload_value_bound is not None:
+            if largest > self.upload_value_bound:
+                raise TrainingError(
+                    f"{sender} sent a value of magnitude {largest:.3g} (bound {self.upload_value_bound:g}); "
+                    "a diverged or poisoned client, or raise federation.upload_value_bound"
                 )
-                if self.on_invalid_upload == "fail":
-                    raise TrainingError(message)
-                log.warning("dropped: %s", message)
-                continue
-            kept.append(upload)
-        return kept
+        ratio = relative_update(upload.payload, self._downloads.get((step_idx, upload.client_id)))
+        if self.upload_norm_bound is not None and ratio is not None and ratio > self.upload_norm_bound:
+            raise TrainingError(
+                f"{sender} sent weights {ratio:.3g}x the global model's norm away from it "
+                f"(bound {self.upload_norm_bound:g}); a diverged or poisoned client, "
+                "or raise federation.upload_norm_bound"
+            )
+        return ratio, largest
 
     def _server_round(self, step_idx: int, round_idx: int, uploads: list[ClientUpload]) -> None:
         """Aggregate, fit the trained refine stages with the server template and their own budgets."""
@@ -688,6 +779,7 @@ class FederationLoop:
             "history": self.history,
             "elapsed_s": self.elapsed_s,
             "last_matrix": self.last_matrix,
+            "dropped_uploads": self.dropped_uploads,
         }
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -699,5 +791,6 @@ class FederationLoop:
         self.history = list(state["history"])
         self.elapsed_s = float(state["elapsed_s"])
         self.last_matrix = dict(state["last_matrix"])
+        self.dropped_uploads = list(state.get("dropped_uploads", []))
         self._downloads.clear()
         self._fresh_states = {}
