@@ -66,6 +66,7 @@ def measure(config: str, seed: int, rounds: int) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    """A markdown table of every measured run."""
     lines = [
         "| config | seed | rounds | max update ratio (bound 10) | per round | max value (bound 1e6) |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -73,11 +74,13 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in sorted(results, key=lambda r: (r["config"], r["seed"])):
         ratio = "n/a" if r["max_update_ratio"] is None else f"{r['max_update_ratio']:.3f}"
         per_round = ", ".join(f"{x:.2f}" for x in r["ratio_per_round"])
-        lines.append(f"| `{r['config']}` | {r['seed']} | {r['rounds']} | {ratio} | {per_round} | {r['max_upload_value']:.3g} |")
+        value = f"{r['max_upload_value']:.3g}"
+        lines.append(f"| `{r['config']}` | {r['seed']} | {r['rounds']} | {ratio} | {per_round} | {value} |")
     return "\n".join(lines)
 
 
 def main() -> None:
+    """Measure the asked configs and seeds, merge into the JSON, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])

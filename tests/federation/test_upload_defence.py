@@ -233,3 +233,23 @@ def test_aggregator_settings_are_checked():
         Aggregator(rule="trimmed_mean", beta=0.5)
     with pytest.raises(ConfigError, match="m=0"):
         Aggregator(rule="krum", m=0)
+
+
+# ------------------------------------------------------------------ from the command line
+def test_command_line_names_the_poisoned_client_in_one_line(tmp_path, capsys):
+    """The command line, client 1 sending 1e30: exit 2, one line naming round 0 and client 1; drop completes."""
+    from fedhet.cli import main
+    from tests.conftest import tiny_overrides
+
+    config = "configs/experiments/digits_dir/fedavg.yaml"
+    shrink = [a for a in tiny_overrides("label_skew") if not a.startswith("--models")] + ["--models=cnn_tiny"]
+    attack = ["--federation.upload_attack.clients=[1]", "--federation.upload_attack.kind=value",
+              "--federation.upload_attack.factor=1e30", "--rounds=1", "--federation.aggregator.rule=median"]
+    code = main(["fit", "--config", config, *shrink, *attack, f"--run_dir={tmp_path / 'fail'}"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err
+    assert re.fullmatch(r"fedhet: error: round 0: client 1 sent a value of magnitude 1e\+30 .*", lines[-1]), lines
+    code = main(["fit", "--config", config, *shrink, *attack, "--federation.on_invalid_upload=drop",
+                 f"--run_dir={tmp_path / 'drop'}"])
+    assert code == 0, capsys.readouterr().err
