@@ -80,8 +80,8 @@ def final_metrics(record: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Default ``upload_norm_bound``: an update may be at most this many times the norm of the global
-#: model it started from. Honest shipped configs stay below 0.6 (docs/concepts.md, "Invalid and
-#: poisoned uploads"); a model scaled x50 is at 49.
+#: model it started from. Honest shipped configs measured stay below 0.21 (docs/concepts.md,
+#: "Invalid and poisoned uploads"); a model scaled x50 is at 49.
 UPLOAD_NORM_BOUND = 10.0
 #: Default ``upload_value_bound``: no honest upload holds a value this large; 1e30 weights or
 #: prototypes do.
