@@ -128,6 +128,10 @@ class ServerContext:
         public_loader: ``(seed) -> loader`` of the scenario's unlabeled public data, or ``None``.
         rounds: the number of federated rounds (0: unknown), for servers whose message after the
             last round differs (FedVTC sends nothing before its end-of-training exchange).
+        aggregate_states: ``(state dicts, example counts) -> state dict``, the rule the
+            weight-averaging servers combine a group's uploads with (``federation.aggregator``;
+            ``None``: the example-weighted mean). Only servers whose
+            :meth:`ServerPhase.supports_aggregator` is true receive anything but ``None``.
     """
 
     num_clients: int
@@ -141,6 +145,7 @@ class ServerContext:
     public_loader: Callable[[int], Iterable[Any]] | None = None
     label_counts_source: Callable[[], Tensor] | None = None
     rounds: int = 0
+    aggregate_states: Callable[[Sequence[Mapping[str, Tensor]], Sequence[float]], dict[str, Tensor]] | None = None
 
     def client_label_counts(self) -> Tensor | None:
         """:attr:`label_counts`, counted now (once, by the runtime) when the scenario generates clients on demand.
@@ -409,6 +414,22 @@ class ServerPhase:
     def setup(self, context: ServerContext) -> None:
         """Called once before round 0 (and again on resume, before ``load_state_dict``)."""
 
+    def check_upload(self, upload: ClientUpload) -> None:
+        """Raise a one-line :class:`TrainingError` naming the sender unless this server expects ``upload``.
+
+        The loop calls it for every upload before :meth:`aggregate`, so that with
+        ``federation.on_invalid_upload: drop`` an upload of the wrong keys, shapes, dtypes or
+        counts is dropped like a non-finite one, and with ``fail`` the offender is named in the
+        round it sends. Compare against the server's own state or a declared spec (the global
+        model, the class count, the feature width), never against another upload, or an
+        honest client can be blamed for the first one's fault. The loop has run the generic
+        :meth:`Payload.validate` (finite floating tensors) first; the default adds nothing.
+        """
+
+    def supports_aggregator(self) -> bool:
+        """Whether this server combines uploads with ``context.aggregate_states`` (``federation.aggregator``)."""
+        return False
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         """Fold this round's (validated) uploads into the server state."""
 
@@ -524,6 +545,12 @@ class RefinedServer(ServerPhase):
     def setup(self, context: ServerContext) -> None:
         self.base.setup(context)
         self.refinement.attach(self.base, context)
+
+    def check_upload(self, upload: ClientUpload) -> None:
+        self.base.check_upload(upload)
+
+    def supports_aggregator(self) -> bool:
+        return self.base.supports_aggregator()
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         self.base.aggregate(round_idx, uploads)

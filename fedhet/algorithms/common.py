@@ -46,7 +46,7 @@ from fedhet.algorithms.base import (
 )
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload, check_shape
 from fedhet.core.state import clone_state, copy_state_into
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional import (
     aggregate_class_means,
     class_means,
@@ -218,14 +218,28 @@ class SubmoduleAveragingServer(ServerPhase):
             zeros[key] = {name: torch.zeros_like(value) for name, value in state.items()}
         return zeros
 
+    def check_upload(self, upload: ClientUpload) -> None:
+        """The upload holds the global sub-module's keys, shapes and exact dtypes, all finite."""
+        sender = f"client {upload.client_id}"
+        if not isinstance(upload.payload, WeightsPayload):
+            raise TrainingError(f"{sender} sent {type(upload.payload).__name__}, expected model weights")
+        if self.group(upload.architecture) not in self.global_by_architecture:
+            raise TrainingError(f"{sender} sent weights of architecture {upload.architecture!r}, unknown to the server")
+        upload.payload.validate_against(self.global_by_architecture[self.group(upload.architecture)], sender)
+        if self.weighting == "samples" and upload.payload.num_examples < 0:
+            raise TrainingError(f"{sender} sent a negative example count ({upload.payload.num_examples})")
+
+    def supports_aggregator(self) -> bool:
+        """True unless a subclass combines uploads its own way (overrides :meth:`aggregate`)."""
+        return type(self).aggregate is SubmoduleAveragingServer.aggregate
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         for upload in uploads:
-            assert isinstance(upload.payload, WeightsPayload)
-            reference = self.global_by_architecture[self.group(upload.architecture)]
-            upload.payload.validate_against(reference, f"client {upload.client_id}")
+            self.check_upload(upload)  # the loop checked already; kept for servers driven directly
+        combine = (self.context.aggregate_states if self.context is not None else None) or weighted_average
         for key, members in self.group_uploads(uploads).items():
             weights = [u.payload.num_examples if self.weighting == "samples" else 1 for u in members]
-            self.global_by_architecture[key] = weighted_average([u.payload.weights for u in members], weights)  # type: ignore[attr-defined]
+            self.global_by_architecture[key] = combine([u.payload.weights for u in members], weights)  # type: ignore[attr-defined]
             self.aggregated.add(key)
 
     def download_for(self, client_id: int) -> WeightsPayload | None:
@@ -485,24 +499,51 @@ class ClassMeanServer(ServerPhase):
 
     Args:
         weighting: ``"count"`` (example-weighted, FedProto Eq. 6) or ``"uniform"`` (HtFLlib).
+        dim: the width of the uploaded statistic, declared so every upload is checked against
+            the server's expectation (never against another upload): ``"features"`` (the
+            classifier head's input width: prototypes), ``"classes"`` (logits, FD) or a number.
     """
 
-    def __init__(self, weighting: Weighting = "count") -> None:
+    def __init__(self, weighting: Weighting = "count", dim: Literal["features", "classes"] | int = "features") -> None:
         self.weighting = weighting
+        self.dim_spec = dim
         self.num_classes = 0
+        self.dim: int | None = None
+        self.label_counts: Tensor | None = None
         self.global_means: Tensor | None = None
         self.present: Tensor | None = None
 
     def setup(self, context: ServerContext) -> None:
         self.num_classes = context.num_classes
+        self.label_counts = context.label_counts
+        if isinstance(self.dim_spec, int):
+            self.dim = self.dim_spec
+        elif self.dim_spec == "classes":
+            self.dim = context.num_classes
+        else:
+            head = head_weights(context.initial_client_state(0))
+            # a model without a linear head: fall back to the first aggregated width (old behaviour)
+            self.dim = int(head["weight"].shape[1]) if "weight" in head else None
+
+    def check_upload(self, upload: ClientUpload) -> None:
+        """``[num_classes, dim]`` float32 values, integer counts within what the client holds."""
+        sender = f"client {upload.client_id}"
+        if not isinstance(upload.payload, ClassStatsPayload):
+            raise TrainingError(f"{sender} sent {type(upload.payload).__name__}, expected class statistics")
+        dim = self.dim if self.dim is not None else (None if self.global_means is None else self.global_means.shape[1])
+        held = None if self.label_counts is None else self.label_counts[upload.client_id]
+        upload.payload.validate_shape(self.num_classes, dim, sender, dtype=torch.float32, held=held)
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        dim = uploads[0].payload.values.shape[1]  # type: ignore[attr-defined]
         for upload in uploads:
-            assert isinstance(upload.payload, ClassStatsPayload)
-            upload.payload.validate_shape(self.num_classes, dim, f"client {upload.client_id}")
+            self.check_upload(upload)
+        if self.dim is None and self.global_means is None:
+            # no declared width (a model without a linear head): the uploads must at least agree
+            width = int(uploads[0].payload.values.shape[1])  # type: ignore[attr-defined]
+            for upload in uploads:
+                upload.payload.validate_shape(self.num_classes, width, f"client {upload.client_id}")  # type: ignore[attr-defined]
         self.global_means, self.present = aggregate_class_means(
             [u.payload.values for u in uploads],  # type: ignore[attr-defined]
             [u.payload.counts for u in uploads],  # type: ignore[attr-defined]
@@ -593,10 +634,16 @@ class PrototypeTrainingServer(TrainableServerPhase, ABC):
     def prototype_loss(self, prototypes: Tensor, labels: Tensor) -> Tensor:
         """The server objective on one batch of uploaded prototypes."""
 
+    def check_upload(self, upload: ClientUpload) -> None:
+        """``[num_classes, feature_dim]`` floating prototypes and non-negative integer counts."""
+        sender = f"client {upload.client_id}"
+        if not isinstance(upload.payload, ClassStatsPayload):
+            raise TrainingError(f"{sender} sent {type(upload.payload).__name__}, expected class prototypes")
+        upload.payload.validate_shape(self.num_classes, self.feature_dim, sender)
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         for upload in uploads:
-            assert isinstance(upload.payload, ClassStatsPayload)
-            upload.payload.validate_shape(self.num_classes, self.feature_dim, f"client {upload.client_id}")
+            self.check_upload(upload)
         if not uploads:
             self.round_prototypes = torch.zeros(0, self.feature_dim)
             self.round_labels = torch.zeros(0, dtype=torch.long)

@@ -87,7 +87,7 @@ class FD(Algorithm):
     download_type = ClassStatsPayload
 
     def build_server(self) -> ServerPhase:
-        return ClassMeanServer(self.hp.logit_weighting)
+        return ClassMeanServer(self.hp.logit_weighting, dim="classes")
 
 
 __all__ = ["FD", "FDClient", "FDHparams"]

@@ -144,11 +144,21 @@ def check_like(
         )
     for key, tensor in tensors.items():
         check_shape(sender, f"{field}.{key}", tensor, tuple(reference[key].shape))
-        if tensor.is_floating_point() != reference[key].is_floating_point():
-            raise TrainingError(
-                f"{sender} sent '{field}.{key}' as {tensor.dtype} where {of} holds {reference[key].dtype}; "
-                "send tensors in their own dtype"
-            )
+        check_dtype(sender, f"{field}.{key}", tensor, reference[key].dtype, of)
+
+
+def check_dtype(sender: str, name: str, tensor: Tensor, expected: torch.dtype, of: str = "the server") -> None:
+    """Raise a one-line :class:`TrainingError` unless ``tensor`` has exactly dtype ``expected``.
+
+    Exact, not just the same kind: a float16 upload averaged into a float32 model would either
+    change the global model's dtype (``weighted_average`` casts to the first upload's dtype) or
+    silently lose precision, so another precision is refused, never cast behind the user's back.
+    """
+    if tensor.dtype != expected:
+        raise TrainingError(
+            f"{sender} sent '{name}' as {tensor.dtype} where {of} holds {expected}; "
+            "clients must send tensors in the server's dtype (same trainer.precision everywhere)"
+        )
 
 
 def held_class_nbytes(counts: Tensor, *per_class: Tensor) -> int:
@@ -185,12 +195,38 @@ class ClassStatsPayload(Payload):
     def nbytes(self) -> int:
         return held_class_nbytes(self.counts, self.values)
 
-    def validate_shape(self, num_classes: int, dim: int | None, sender: str = "client") -> None:
-        """Validate values, then ``values`` is ``[num_classes, dim]`` and counts are non-negative."""
+    def validate_shape(
+        self,
+        num_classes: int,
+        dim: int | None,
+        sender: str = "client",
+        dtype: torch.dtype | None = None,
+        held: Tensor | None = None,
+    ) -> None:
+        """Validate values, then ``values`` is ``[num_classes, dim]`` and counts are non-negative integers.
+
+        Args:
+            num_classes: the rows ``values`` and ``counts`` must have.
+            dim: the columns ``values`` must have (``None``: any).
+            sender: who sent it, for the message.
+            dtype: the exact dtype ``values`` must have (``None``: any floating dtype).
+            held: the sender's training examples per class, when the server knows them: a count
+                above it is inconsistent (a statistic over more examples than the client has).
+        """
         self.validate(sender)
         if self.values.dim() != 2:
             raise TrainingError(f"{sender} sent class statistics with {self.values.dim()} dims, expected 2")
         check_shape(sender, "values", self.values, (num_classes, dim if dim is not None else self.values.shape[1]))
         check_shape(sender, "counts", self.counts, (num_classes,))
-        if self.counts.is_floating_point() or bool((self.counts < 0).any()):
+        if not self.values.is_floating_point():
+            raise TrainingError(f"{sender} sent class statistics as {self.values.dtype}; send floating values")
+        if dtype is not None:
+            check_dtype(sender, "values", self.values, dtype)
+        if self.counts.is_floating_point() or self.counts.dtype == torch.bool or bool((self.counts < 0).any()):
             raise TrainingError(f"{sender} sent invalid class counts (must be non-negative integers)")
+        if held is not None and bool((self.counts.cpu() > held.cpu()).any()):
+            c = int((self.counts.cpu() > held.cpu()).nonzero()[0, 0])
+            raise TrainingError(
+                f"{sender} sent class counts inconsistent with its data (class {c}: {int(self.counts[c])} "
+                f"examples, it holds {int(held[c])})"
+            )

@@ -5,6 +5,7 @@ layer beneath it (:mod:`fedhet.core`: payloads and state helpers), so imports ar
 """
 
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
+from fedhet.federation.aggregation import Aggregator
 from fedhet.federation.executors import EXECUTORS, Executor, ProcessExecutor, SequentialExecutor
 from fedhet.federation.ledger import CommunicationLedger
 from fedhet.federation.loop import FederationLoop, check_compatibility
@@ -17,6 +18,7 @@ from fedhet.federation.trainer import ServerTrainerTemplate, TrainerTemplate
 
 __all__ = [
     "EXECUTORS",
+    "Aggregator",
     "ClassStatsPayload",
     "ClientResult",
     "ClientRuntime",

@@ -74,21 +74,34 @@ def final_metrics(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if not k.startswith(("val/", "time/", "comm/", "server/", "eval/"))}
 
 
-def update_norm(upload: Payload, download: Payload | None) -> float:
-    """L2 norm of an upload's floating tensors minus the same tensors of the client's download (if any)."""
-    received = dict(download.tensors()) if download is not None else {}
-    total = 0.0
+def relative_update(upload: Payload, download: Payload | None) -> float | None:
+    """``||w_upload - w_global|| / ||w_global||`` over the model weights both carry (``None``: nothing to compare).
+
+    Only tensors under a ``weights`` field that the client's download holds under the same name
+    and shape count: the global model the client started from is the server's own reference of
+    scale, known before any upload arrives, so the bound needs no other upload (one client per
+    round is enough). Prototypes, logits and control variates have no such reference (a server's
+    prototypes may differ in scale from a client's by design) and are left to the value bound.
+    """
+    if download is None:
+        return None
+    received = {name: tensor for name, tensor in download.tensors() if name.startswith("weights.")}
+    delta_sq, reference_sq = 0.0, 0.0
     for name, tensor in upload.tensors():
-        if not tensor.is_floating_point():
-            continue
         reference = received.get(name)
-        delta = (
-            tensor.double() - reference.double()
-            if reference is not None and reference.shape == tensor.shape
-            else tensor.double()
-        )
-        total += float(delta.pow(2).sum())
-    return total**0.5
+        if reference is None or not tensor.is_floating_point() or reference.shape != tensor.shape:
+            continue
+        delta_sq += float((tensor.double() - reference.double()).pow(2).sum())
+        reference_sq += float(reference.double().pow(2).sum())
+    if reference_sq <= 0.0:
+        return None
+    return (delta_sq / reference_sq) ** 0.5
+
+
+def largest_value(upload: Payload) -> float:
+    """The largest magnitude among an upload's floating values (0 when it carries none)."""
+    values = [float(t.detach().abs().max()) for _, t in upload.tensors() if t.is_floating_point() and t.numel()]
+    return max(values, default=0.0)
 
 
 def check_compatibility(algorithm: Algorithm, scenario: Any, architectures: Sequence[str], family_name: str) -> None:
@@ -216,6 +229,16 @@ class FederationLoop:
         )
         self.executor.start(self.recipe, self.runtime)
         self.server = algorithm.build_server()
+        aggregator = self.settings.aggregator
+        if aggregator.robust and not self.server.supports_aggregator():
+            raise ConfigError(
+                f"federation.aggregator.rule={aggregator.rule!r} replaces the mean of weight-averaging "
+                f"methods, but {algorithm.name}'s server combines uploads its own way; use rule 'mean' "
+                "or a FedAvg-family method (FedAvg, FedProx, MOON, FedRS, FedPer, LG-FedAvg, FML, FedType)"
+            )
+        #: every dropped upload: ``{"round", "client", "reason"}`` (checkpointed with the run)
+        self.dropped_uploads: list[dict[str, Any]] = []
+        self._upload_stats: dict[str, float] = {}
         self.server.setup(self.server_context())
         self.schedule = self._build_schedule()
         self.ledger = CommunicationLedger()
@@ -246,6 +269,7 @@ class FederationLoop:
             model_factory=self.runtime.build_network,
             public_loader=public,
             rounds=self.rounds,
+            aggregate_states=self.settings.aggregator if self.settings.aggregator.robust else None,
         )
 
     def _build_schedule(self) -> list[Step]:
@@ -314,6 +338,9 @@ class FederationLoop:
                     upload = self.settings.upload_noise.perturb(
                         upload, derive_seed(self.seed, "upload-noise", step_idx, result.client_id)
                     )
+                attack = self.settings.upload_attack
+                if attack is not None and attack.attacks(result.client_id):
+                    upload = attack.poison(upload, self._downloads.get((step_idx, result.client_id)))
                 self.ledger.record_up(upload.nbytes())
                 received.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
         uploads = self._screen_uploads(step_idx, received)
@@ -334,12 +361,8 @@ class FederationLoop:
                 record[f"client/{result.client_id}/{name}"] = value
         record.update({f"server/{k}": v for k, v in self.server.metrics().items()})
         record.update(self.ledger.end_round(step_idx, len(selected)))
-        if self.settings.on_invalid_upload == "drop":
-            record["comm/dropped_uploads"] = len(received) - len(uploads)
-            kept = {upload.client_id for upload in uploads}
-            for upload in received:  # per client, for summary.json's dropped_uploads
-                if upload.client_id not in kept:
-                    record[f"client/{upload.client_id}/dropped_uploads"] = 1
+        record["comm/dropped_uploads"] = len(received) - len(uploads)
+        record.update({key: round(value, 6) for key, value in self._upload_stats.items()})
         self.store.commit(step_idx)
 
         eval_started = time.perf_counter()
@@ -359,38 +382,58 @@ class FederationLoop:
         return record
 
     def _screen_uploads(self, step_idx: int, uploads: list[ClientUpload]) -> list[ClientUpload]:
-        """Validate every upload where it enters (finite, floating, within the norm bound); fail or drop."""
+        """Check every upload where it enters; with ``fail`` stop naming its sender, with ``drop`` go on without it.
+
+        Checked against the server's own expectations only (never against another upload), so the
+        client named is always the one at fault: finite floating values (:meth:`Payload.validate`),
+        the server's keys, shapes, dtypes and counts (:meth:`ServerPhase.check_upload`), the value
+        bound and the norm bound relative to the global model the client received.
+        """
         accepted: list[ClientUpload] = []
-        norms: list[float] = []
+        self._upload_stats = {}
         for upload in uploads:
+            sender = f"client {upload.client_id}"
             try:
-                upload.payload.validate(f"client {upload.client_id}")
+                upload.payload.validate(sender)
+                self.server.check_upload(upload)
+                ratio, largest = self._check_bounds(step_idx, upload)
             except TrainingError as error:
                 if self.settings.on_invalid_upload == "fail":
-                    raise
+                    raise TrainingError(f"round {step_idx}: {error}") from None
                 log.warning("dropped the upload of client %d in round %d: %s", upload.client_id, step_idx, error)
+                self.dropped_uploads.append({"round": step_idx, "client": upload.client_id, "reason": str(error)})
                 continue
             accepted.append(upload)
-            if self.settings.upload_norm_bound is not None:
-                norms.append(update_norm(upload.payload, self._downloads.get((step_idx, upload.client_id))))
-        if self.settings.upload_norm_bound is None or len(accepted) < 3:
-            return accepted
-        median = float(torch.tensor(norms, dtype=torch.float64).median())
-        kept = []
-        for upload, norm in zip(accepted, norms, strict=True):
-            if norm > self.settings.upload_norm_bound * median:
-                message = (
-                    f"client {upload.client_id} sent an update of norm {norm:.4g} in round {step_idx}, "
-                    f"{norm / max(median, 1e-30):.3g}x the round's median {median:.4g} (bound "
-                    f"{self.settings.upload_norm_bound}); a diverged or poisoned client, or raise "
-                    "federation.upload_norm_bound"
+            # the largest accepted values of the round, logged so bounds can be chosen from data
+            stats = self._upload_stats
+            stats["comm/max_upload_value"] = max(stats.get("comm/max_upload_value", 0.0), largest)
+            if ratio is not None:
+                stats["comm/max_update_ratio"] = max(stats.get("comm/max_update_ratio", 0.0), ratio)
+        return accepted
+
+    def _check_bounds(self, step_idx: int, upload: ClientUpload) -> tuple[float | None, float]:
+        """Raise a one-line :class:`TrainingError` if ``upload`` exceeds the value or the norm bound.
+
+        Returns:
+            ``(relative update, largest value)`` of an upload within both bounds.
+        """
+        sender = f"client {upload.client_id}"
+        largest = largest_value(upload.payload)
+        if self.settings.upload_value_bound is not None:
+            if largest > self.settings.upload_value_bound:
+                raise TrainingError(
+                    f"{sender} sent a value of magnitude {largest:.3g} (bound {self.settings.upload_value_bound:g}); "
+                    "a diverged or poisoned client, or raise federation.upload_value_bound"
                 )
-                if self.settings.on_invalid_upload == "fail":
-                    raise TrainingError(message)
-                log.warning("dropped: %s", message)
-                continue
-            kept.append(upload)
-        return kept
+        ratio = relative_update(upload.payload, self._downloads.get((step_idx, upload.client_id)))
+        bound = self.settings.upload_norm_bound
+        if bound is not None and ratio is not None and ratio > bound:
+            raise TrainingError(
+                f"{sender} sent weights {ratio:.3g}x the global model's norm away from it "
+                f"(bound {bound:g}); a diverged or poisoned client, "
+                "or raise federation.upload_norm_bound"
+            )
+        return ratio, largest
 
     def _server_round(self, step_idx: int, round_idx: int, uploads: list[ClientUpload]) -> None:
         """Aggregate, fit the trained refine stages with the server template and their own budgets."""
@@ -587,23 +630,15 @@ class FederationLoop:
             },
             "wall_s": round(self.elapsed_s, 3),
             **({"rounds_to_target": self.rounds_to_target()} if self.target_accuracy else {}),
-            **({"dropped_uploads": self.dropped_uploads()} if self.settings.on_invalid_upload == "drop" else {}),
+            **({"dropped_uploads": self.dropped_upload_counts()} if self.settings.on_invalid_upload == "drop" else {}),
         }
 
-    def dropped_uploads(self) -> dict[str, Any]:
-        """Uploads dropped under ``on_invalid_upload: drop``: the total and per client (ids as strings, JSON keys).
-
-        Counted from the round records (``client/<id>/dropped_uploads``), which the checkpoint
-        carries, so a resumed run counts the drops of the rounds before its interruption too.
-        """
+    def dropped_upload_counts(self) -> dict[str, Any]:
+        """Uploads dropped under ``on_invalid_upload: drop``: the total and per client (ids as strings, JSON keys)."""
         per_client: dict[str, int] = {}
-        for record in self.history:
-            for key, value in record.items():
-                if key.startswith("client/") and key.endswith("/dropped_uploads"):
-                    client = key.split("/")[1]
-                    per_client[client] = per_client.get(client, 0) + int(value)
-        ordered = {k: per_client[k] for k in sorted(per_client, key=int)}
-        return {"total": sum(int(r.get("comm/dropped_uploads", 0)) for r in self.history), "per_client": ordered}
+        for drop in sorted(self.dropped_uploads, key=lambda d: d["client"]):
+            per_client[str(drop["client"])] = per_client.get(str(drop["client"]), 0) + 1
+        return {"total": len(self.dropped_uploads), "per_client": per_client}
 
     def rounds_to_target(self) -> dict[str, int | None]:
         """Communication rounds until each ``target_accuracy`` metric first reached its target (``None``: never).
@@ -636,6 +671,7 @@ class FederationLoop:
             "history": self.history,
             "elapsed_s": self.elapsed_s,
             "last_matrix": self.last_matrix,
+            "dropped_uploads": self.dropped_uploads,
         }
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -647,5 +683,6 @@ class FederationLoop:
         self.history = list(state["history"])
         self.elapsed_s = float(state["elapsed_s"])
         self.last_matrix = dict(state["last_matrix"])
+        self.dropped_uploads = list(state.get("dropped_uploads", []))
         self._downloads.clear()
         self._fresh_states = {}

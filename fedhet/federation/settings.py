@@ -11,12 +11,21 @@ from collections.abc import Sequence
 from typing import Literal
 
 from fedhet.errors import ConfigError
+from fedhet.federation.aggregation import Aggregator
+from fedhet.federation.attacks import UploadAttack
 from fedhet.federation.executors import Executor
 from fedhet.federation.lr_schedule import LRSchedule
 from fedhet.federation.privacy import PayloadNoise
 from fedhet.hparams import Fraction, NonNegativeInt, PositiveInt
 
 StateStoreKind = Literal["auto", "memory", "disk"]
+#: Default ``upload_norm_bound``: an update may be at most this many times the norm of the global
+#: model it started from. Honest shipped configs measured stay below 0.21 (docs/concepts.md,
+#: "Invalid and poisoned uploads"); a model scaled x50 is at 49.
+UPLOAD_NORM_BOUND = 10.0
+#: Default ``upload_value_bound``: no honest upload holds a value this large; 1e30 weights or
+#: prototypes do.
+UPLOAD_VALUE_BOUND = 1e6
 EvalClients = Literal["auto", "all", "participants"] | int
 
 
@@ -39,9 +48,17 @@ class FederationSettings:
         extra_rounds: full-participation rounds after the federated rounds (equal budgets for
             baselines of methods with a post-federation phase, e.g. FedVTC's).
         on_invalid_upload: ``"fail"`` (stop, naming the sender) or ``"drop"`` (continue without it,
-            counted in ``comm/dropped_uploads``).
-        upload_norm_bound: refuse uploads whose update norm exceeds this multiple of the round's
-            median, naming the client (``null``: no bound).
+            counted in ``comm/dropped_uploads`` and in ``summary.json``): non-finite values, wrong
+            keys, shapes or dtypes (float16 is refused), bad counts and uploads over either bound.
+        upload_norm_bound: refuse uploads whose model weights moved more than this multiple of
+            the global model's norm, naming the client (``null``: no bound; docs/concepts.md).
+        upload_value_bound: refuse uploads holding any value larger in magnitude than this
+            (``null``: no bound).
+        aggregator: how weight-averaging methods combine uploads: ``{rule: mean}`` (FedAvg, the
+            default), ``median``, ``trimmed_mean`` (``beta``) or ``krum`` (``f``, ``m``; m > 1 is
+            Multi-Krum), e.g. ``--federation.aggregator.rule median``.
+        upload_attack: simulated malicious clients for robustness studies, e.g. ``{clients: [0, 1],
+            kind: sign_flip, factor: 4}`` (``scale``, ``sign_flip`` or ``value``); ``null``: none.
         persist_optimizer_state: carry each client's optimizer state (momentum, Adam moments)
             across rounds; off restarts the optimizer every round as HtFLlib does.
         lr_schedule: per-round factor on every client learning rate (local stages and the
@@ -74,7 +91,10 @@ class FederationSettings:
         eval_clients: Literal["auto", "all", "participants"] | PositiveInt = "auto",
         extra_rounds: NonNegativeInt = 0,
         on_invalid_upload: Literal["fail", "drop"] = "fail",
-        upload_norm_bound: float | None = None,
+        upload_norm_bound: float | None = UPLOAD_NORM_BOUND,
+        upload_value_bound: float | None = UPLOAD_VALUE_BOUND,
+        aggregator: Aggregator | None = None,
+        upload_attack: UploadAttack | None = None,
         persist_optimizer_state: bool = True,
         upload_noise: PayloadNoise | None = None,
         download_noise: PayloadNoise | None = None,
@@ -90,9 +110,15 @@ class FederationSettings:
             raise ConfigError(f"federation.eval_clients={eval_clients}: evaluate at least one client")
         if on_invalid_upload not in ("fail", "drop"):
             raise ConfigError(f"federation.on_invalid_upload={on_invalid_upload!r}: use 'fail' or 'drop'")
-        if upload_norm_bound is not None and upload_norm_bound <= 1.0:
+        if upload_norm_bound is not None and not upload_norm_bound > 0.0:
             raise ConfigError(
-                f"federation.upload_norm_bound={upload_norm_bound}: must be > 1 (a multiple of the median)"
+                f"federation.upload_norm_bound={upload_norm_bound}: give a positive multiple of the global "
+                f"model's norm (default {UPLOAD_NORM_BOUND:g}) or null for none"
+            )
+        if upload_value_bound is not None and not upload_value_bound > 0.0:
+            raise ConfigError(
+                f"federation.upload_value_bound={upload_value_bound}: give a positive magnitude "
+                f"(default {UPLOAD_VALUE_BOUND:g}) or null for none"
             )
         self.participation = participation
         self.eval_every = eval_every
@@ -103,6 +129,9 @@ class FederationSettings:
         self.extra_rounds = extra_rounds
         self.on_invalid_upload = on_invalid_upload
         self.upload_norm_bound = upload_norm_bound
+        self.upload_value_bound = upload_value_bound
+        self.aggregator = aggregator or Aggregator()
+        self.upload_attack = upload_attack
         self.persist_optimizer_state = persist_optimizer_state
         self.upload_noise = upload_noise
         self.download_noise = download_noise

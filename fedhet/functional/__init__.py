@@ -1,6 +1,13 @@
 """Pure tensor math shared by methods: no state, no I/O, each function tested against hand values."""
 
-from fedhet.functional.aggregation import aggregate_class_means, weighted_average
+from fedhet.functional.aggregation import (
+    aggregate_class_means,
+    coordinate_median,
+    krum,
+    krum_scores,
+    trimmed_mean,
+    weighted_average,
+)
 from fedhet.functional.conditional_generators import (
     class_client_weights,
     crossed_distillation_loss,
@@ -76,6 +83,10 @@ from fedhet.functional.prototypes import class_means
 from fedhet.functional.regularizers import linear_term, proximal_term
 
 __all__ = [
+    "coordinate_median",
+    "krum",
+    "krum_scores",
+    "trimmed_mean",
     "class_ensemble_weights",
     "ensemble_probabilities",
     "label_sampling_distribution",
