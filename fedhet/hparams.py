@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -182,7 +183,10 @@ class Knob:
 
 
 def _range_of(annotation: Any) -> str:
-    annotation = _unwrap_optional(annotation)
+    inner = _unwrap_optional(annotation)
+    if inner is not annotation:
+        words = _range_of(inner)
+        return f"{words} or null" if words else ""
     name = getattr(annotation, "__name__", "")
     if name in RANGES:
         return RANGES[name]
@@ -222,7 +226,7 @@ class Hyperparameters:
                 try:
                     annotation(value)
                 except (TypeError, ValueError):
-                    raise ConfigError(f"{field.name}={value!r} is not {_range_of(annotation)}") from None
+                    raise ConfigError(f"{field.name}={value!r} is not {_range_of(hints[field.name])}") from None
             elif typing.get_origin(annotation) is Literal and value not in typing.get_args(annotation):
                 raise ConfigError(f"{field.name}={value!r} is not {_range_of(annotation)}")
             # the parser hands range-checked number types; kept plain, they pickle into checkpoints
@@ -297,8 +301,12 @@ def projected(hparams: type[Hyperparameters], source: Any, **overrides: Any) -> 
 
     A client or server declares the hyperparameters it reads; its Algorithm passes its own (wider)
     object, and each part takes its fields from it, so names and defaults cannot drift between them.
+    ``source`` may also be a mapping of names to values (a config's ``hp:`` block), each checked.
     """
     names = {f.name for f in dataclasses.fields(hparams)}
+    if isinstance(source, Mapping):  # a config's ``hp: {mu: 0.1, lr: 0.05}`` (LightningCLI, YAML)
+        overrides = {**source, **overrides}
+        source = None
     taken = {name: getattr(source, name) for name in names if source is not None and hasattr(source, name)}
     unknown = set(overrides) - names
     if unknown:

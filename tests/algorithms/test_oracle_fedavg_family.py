@@ -38,6 +38,8 @@ from tests.algorithms.test_oracle_fedftg import (
     oracle_client,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
+
 STEPS = 2  # local steps per round (one pass over the fixed batch each)
 
 

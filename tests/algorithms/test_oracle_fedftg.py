@@ -52,6 +52,8 @@ from tests.algorithms.oracle import (
     without_prefix,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
+
 M, CHANNELS, SIZE = 4, 1, 8
 #: Label counts of the three clients; class 3 is held by clients 0 and 1 only, so its
 #: alpha column is (2/3, 1/3, 0); no class is missing (p_t never 0 for a class all hold).

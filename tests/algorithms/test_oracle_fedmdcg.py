@@ -58,6 +58,8 @@ from tests.algorithms.oracle import (
     without_prefix,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
+
 M, CHANNELS, SIZE, FEATURES = 4, 1, 8, TinyBNNet.num_features
 EXAMPLES = (8, 6, 10)
 SERVER_SEED = 31
