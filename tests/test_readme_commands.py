@@ -135,8 +135,10 @@ def _check_fedhet(command: list[str], example_run: Path, tmp_path: Path, capsys,
         assert main(argv) == 0
         assert f"evaluated on the {'test' if sub == 'test' else 'validation'} sets" in capsys.readouterr().out
         return
-    if sub == "list":
-        assert main(argv) == 0 and "fedproto" in capsys.readouterr().out
+    if sub == "list":  # the registered names, or one method's declared knobs
+        names = argv[1:]
+        out = (main(argv), capsys.readouterr().out)
+        assert out[0] == 0 and ("fedproto" in out[1] if not names else all(f"{n} (" in out[1] for n in names))
         return
     if sub == "--version":
         assert main(argv) == 0 and capsys.readouterr().out.startswith("fedhet ")
