@@ -83,6 +83,15 @@ class Cell:
         return [sys.executable, "-m", "fedhet", "fit", *self.fit_args(root)]
 
 
+def override_flag(key: str, value: Any) -> str:
+    """A dotted override as one ``fedhet fit`` flag, ``--key=value``, the value as YAML (``true``, ``[a, b]``)."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    text = text.removesuffix("...").strip()
+    return f"--{key}={text}"
+
+
 def cell_state(run_dir: Path) -> str:
     """The state of a cell's run directory.
 
@@ -403,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--from_json", type=Path, default=None, metavar="PAGE.json",
         help="with --grid: take the runs recorded in a page's json instead of rerunning them",
     )
+    parser.add_argument(
+        "--claims", nargs="+", default=None, metavar="GRID",
+        help="write docs/results/claims.md: every claim of these grids' pages with its verdict (from their json)",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of every cell (default: 0)")
     parser.add_argument(
         "--set", dest="settings", action="append", default=[], metavar="NAME=FLAGS",
@@ -490,11 +503,11 @@ def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print, grid
     args = build_parser().parse_args(argv)
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: run at least one job")
-    if args.grid is not None:
+    if args.grid is not None or args.claims is not None:
         if "--seeds" in argv:
             raise ConfigError("--grid: the grid file holds the seeds; drop --seeds")
         if grid is None:
-            raise ConfigError("--grid: run it as 'fedhet bench --grid FILE' (fedhet.pages writes the page)")
+            raise ConfigError("--grid, --claims: run them as 'fedhet bench' (fedhet.pages writes the pages)")
         return grid(args, extra, echo)
     if args.from_json is not None:
         raise ConfigError("--from_json: give it with --grid FILE (the page's grid)")

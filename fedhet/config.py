@@ -598,6 +598,8 @@ def build_experiment(parser: Any, config: Any, logging_run: bool = True, set_thr
         _plain_numbers(objects[key])
     family = resolve_family(objects.models)
     objects.scenario.setup()
+    if objects.federation.seal_test:  # workers rebuild from the same config, so they are sealed too
+        objects.scenario.seal_test()
     return Experiment(
         config=config,
         objects=objects,

@@ -19,6 +19,7 @@ The format is documented in ``docs/results_pages.md``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import re
@@ -41,19 +42,26 @@ from fedhet.bench import (
     last_mean,
     load_run,
     mean_std,
+    override_flag,
     run_cells,
     validate_cells,
 )
 from fedhet.errors import ConfigError
 from fedhet.files import atomic_write_text
+from fedhet.statistics import paired_difference
+from fedhet.tuning import TuningPlan, parse_tuning, tune_rows
 
-GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template"}
-ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds"}
+GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template", "tuning", "claims",
+             "selected"}
+ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds", "tune"}
+CLAIM_KEYS = {"claim", "paper", "better", "than", "metric"}
 TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds"}
 FIGURE_KEYS = {"name", "kind", "rows", "block", "metrics"}
 #: numbers of a run that belong to no block of ``summary.json``
 RUN_NUMBERS = ("mb_per_round", "wall_s")
-PLACEHOLDER = re.compile(r"\{(title|command|json_command|seeds|missing|table:[\w.-]+|figure:[\w.-]+)\}")
+PLACEHOLDER = re.compile(
+    r"\{(title|command|json_command|seeds|missing|tuning|claims|budget|table:[\w.-]+|figure:[\w.-]+)\}"
+)
 ANY_PLACEHOLDER = re.compile(r"\{([a-z_]+(?::[^{}\s]*)?)\}")
 
 
@@ -66,6 +74,22 @@ class Row:
     config: str
     flags: tuple[str, ...]
     seeds: tuple[int, ...] | None = None  # None: the grid's seeds
+    tune: bool = True  # searched by the grid's tuning stage (when it has one)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim of a paper checked on the page: ``better``'s metric above ``than``'s, paired over seeds."""
+
+    claim: str
+    paper: str
+    better: str
+    than: str
+    key: str  # block/metric of summary.json
+
+    @property
+    def metric(self) -> str:
+        return self.key.split("/", 1)[1]
 
 
 @dataclass(frozen=True)
@@ -115,15 +139,36 @@ class Grid:
     tables: tuple[Table, ...]
     figures: tuple[Figure, ...]
     template: str
+    tuning: TuningPlan | None = None
+    claims: tuple[Claim, ...] = ()
+    selected: Path = Path("configs/selected")
+
+    def tuned(self, row: Row) -> bool:
+        return self.tuning is not None and row.tune
+
+    def selected_config(self, row: Row) -> Path:
+        """Where the tuning stage writes a tuned row's selected config (its seeds run it)."""
+        return self.selected / f"{row.label}.yaml"
 
     def cells(self) -> list[Cell]:
-        """Every (row, seed) cell, seed-major as :func:`fedhet.bench.plan`."""
+        """Every (row, seed) cell, seed-major as :func:`fedhet.bench.plan`; a tuned row runs its selected config.
+
+        A tuned row's runs are tagged with a digest of the selected config, so that runs or records
+        of an earlier selection (another trial budget, another search space) are refused, not mixed in.
+        """
         return [
-            Cell(row.label, row.config, seed, row.flags)
+            Cell(row.label, str(self.selected_config(row)), seed, self.selection_tag(row)) if self.tuned(row)
+            else Cell(row.label, row.config, seed, row.flags)
             for seed in self.seeds
             for row in self.rows
             if row.seeds is None or seed in row.seeds
-        ]
+        ]  # fmt: skip
+
+    def selection_tag(self, row: Row) -> tuple[str, ...]:
+        path = self.selected_config(row)
+        if not path.is_file():
+            return ()
+        return (f"--wandb.tags=[selected-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}]",)
 
     def command(self) -> str:
         """The one command that reruns the missing cells and rewrites the page."""
@@ -137,6 +182,7 @@ class Grid:
         """Every number a run record keeps: the tables' and figures' ``block/metric`` keys, then the run numbers."""
         keys = [c.key for t in self.tables for c in t.columns]
         keys += [f"{f.block}/{m}" for f in self.figures if f.kind == "bars" for m in f.metrics]
+        keys += [c.key for c in self.claims]
         return list(dict.fromkeys([*keys, *RUN_NUMBERS]))
 
     def curve_metrics(self) -> list[str]:
@@ -174,15 +220,6 @@ def _flags(where: str, value: Any) -> tuple[str, ...]:
     raise _fail(where, "flags: write a list of fedhet fit flags, e.g. ['--rounds=10']")
 
 
-def override_flag(key: str, value: Any) -> str:
-    """A dotted override as one ``fedhet fit`` flag, ``--key=value``, the value as YAML (``true``, ``[a, b]``)."""
-    import yaml
-
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
-    text = text.removesuffix("...").strip()
-    return f"--{key}={text}"
-
-
 def _seeds(where: str, seeds: Any) -> tuple[int, ...]:
     integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
     if not seeds or not integers:
@@ -202,7 +239,21 @@ def _row(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, 
     seeds = None if "seeds" not in entry else _seeds(where, entry["seeds"])
     if seeds is not None and not set(seeds) <= set(grid_seeds):
         raise _fail(where, f"seeds {list(seeds)}: a row runs some of the grid's seeds {list(grid_seeds)}, not others")
-    return Row(label, str(entry.get("name", label)), str(entry["config"]), row_flags, seeds)
+    tune = entry.get("tune", True)
+    if not isinstance(tune, bool):
+        raise _fail(where, f"tune: {tune!r}: write true (searched by the grid's tuning stage) or false")
+    return Row(label, str(entry.get("name", label)), str(entry["config"]), row_flags, seeds, tune)
+
+
+def _claim(where: str, entry: Any, labels: Sequence[str]) -> Claim:
+    """One ``claims:`` entry, ``{claim, paper, better, than, metric}`` (``acc_local`` or ``final/acc_local``)."""
+    entry = _keys(where, entry, CLAIM_KEYS, ("claim", "better", "than", "metric"))
+    for key in ("better", "than"):
+        if entry[key] not in labels:
+            raise _fail(where, f"{key}: no row labelled {entry[key]!r}")
+    metric = str(entry["metric"])
+    key = metric if metric.split("/", 1)[0] in BLOCKS else f"final/{metric}"
+    return Claim(str(entry["claim"]), str(entry.get("paper", "")), str(entry["better"]), str(entry["than"]), key)
 
 
 def _rows_of(where: str, entry: dict[str, Any], labels: Sequence[str]) -> tuple[str, ...]:
@@ -325,13 +376,21 @@ def parse_grid(path: str | Path) -> Grid:
                                f"{', '.join(f.name for f in figures) or 'none'}")  # fmt: skip
     if "{command}" not in template:
         raise _fail(where, "template: name the page's command with the {command} placeholder")
+    tuning = parse_tuning(where, data["tuning"]) if data.get("tuning") is not None else None
+    claims = tuple(_claim(f"{where}: claims[{i}]", c, labels) for i, c in enumerate(data.get("claims") or []))
+    for placeholder, needed in (("{tuning}", tuning is not None), ("{budget}", tuning is not None),
+                                ("{claims}", bool(claims))):  # fmt: skip
+        if needed and placeholder not in template:
+            raise _fail(where, f"template: a grid with {placeholder[1:-1]} shows it: add the {placeholder} placeholder")
     if len(set(names)) < len(names):
         raise _fail(where, "tables and figures: two have the same name")
     page = Path(str(data["page"]))
     if page.suffix != ".md":
         raise _fail(where, f"page {page}: name the Markdown file, e.g. docs/results/{Path(where).stem}.md")
     out = Path(str(data.get("out", f"runs/grids/{Path(where).stem}")))
-    return Grid(where, str(data["title"]), page, out, tuple(seeds), rows, tuple(tables), tuple(figures), template)
+    selected = Path(str(data.get("selected", f"configs/selected/{Path(where).stem}")))
+    return Grid(where, str(data["title"]), page, out, tuple(seeds), rows, tuple(tables), tuple(figures), template,
+                tuning, claims, selected)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- run records
@@ -391,6 +450,25 @@ def records_from_json(path: Path, cells: Sequence[Cell]) -> dict[tuple[str, int]
             )
         records[cell.label, cell.seed] = record
     return records
+
+
+def studies_from_json(path: Path) -> dict[str, dict[str, Any]]:
+    """The tuning studies a page json recorded (rows whose selection need not be rerun)."""
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}  # records_from_json names the problem
+    return dict(((payload.get("tuning") or {}).get("rows")) or {})
+
+
+def studies_threads(path: Path | None) -> int | None:
+    """The threads per run a page json recorded (its cost line), if any."""
+    if path is None:
+        return None
+    try:
+        return (json.loads(Path(path).read_text()).get("tuning") or {}).get("threads")
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------- the page
@@ -471,8 +549,104 @@ def draw_figure(grid: Grid, figure: Figure, by_row: dict[str, list[dict[str, Any
     return True
 
 
-def render_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    """The page's Markdown and json from the run records; the figures are written beside the page."""
+def claim_results(grid: Grid, by_row: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each declared claim with its paired difference over seeds and the verdict computed from it."""
+    results = []
+    for claim in grid.claims:
+        values = {label: {r["seed"]: r["values"][claim.key] for r in by_row.get(label, []) if claim.key in r["values"]}
+                  for label in (claim.better, claim.than)}  # fmt: skip
+        difference = paired_difference(values[claim.better], values[claim.than])
+        results.append({"claim": claim.claim, "paper": claim.paper, "better": claim.better, "than": claim.than,
+                        "metric": claim.key, **difference.as_dict()})  # fmt: skip
+    return results
+
+
+def claims_markdown(results: Sequence[dict[str, Any]], names: dict[str, str]) -> str:
+    """The claims table: paired difference (mean and 95 % t interval over seeds), per-seed values and tally, verdict."""
+    lines = ["| claim | paper | rows compared | metric | difference, 95 % interval | per seed | won | verdict |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        n = len(r["seeds"])
+        if n == 0:
+            interval = "no paired seeds"
+        elif n == 1:
+            interval = f"{r['mean']:+.2f} (one seed: no interval)"
+        else:
+            interval = f"{r['mean']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]"
+        per_seed = ", ".join(f"{d:+.2f}" for d in r["differences"]) or "-"
+        rows = f"{names.get(r['better'], r['better'])} vs {names.get(r['than'], r['than'])}"
+        lines.append(f"| {r['claim']} | {r['paper'] or '-'} | {rows} | {r['metric']} | {interval} | {per_seed} "
+                     f"| {r['wins']}/{n} | **{r['verdict']}** |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def tuning_markdown(grid: Grid, studies: dict[str, dict[str, Any]]) -> str:
+    """Per tuned row: what was searched, the trials, the selected values and their validation score."""
+    assert grid.tuning is not None
+    names = {r.label: r.name for r in grid.rows}
+    metric = f"val/{grid.tuning.metric}"
+    lines = [f"| row | searched | trials (complete / pruned / failed) | selected {metric} | selected values |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for row in grid.rows:
+        if not grid.tuned(row):
+            continue
+        study = studies.get(row.label)
+        if study is None:
+            lines.append(f"| {names[row.label]} | (not tuned yet) | - | - | - |")
+            continue
+        states = [t["state"] for t in study["trials"]]
+        counts = " / ".join(str(states.count(s)) for s in ("complete", "pruned", "failed"))
+        searched = ", ".join(f"`{k.removeprefix('method.init_args.')}`" for k in study["space"]) or "nothing"
+        selected = study["selected"]
+        values = ", ".join(f"{k.removeprefix('method.init_args.')}={_short(v)}" for k, v in selected["params"].items())
+        lines.append(f"| {names[row.label]} | {searched} | {len(states)}: {counts} | {selected['value']:.2f} "
+                     f"(trial {selected['number']}) | {values or '-'} |")  # fmt: skip
+    untuned = [names[r.label] for r in grid.rows if not grid.tuned(r)]
+    if untuned:
+        lines.append("")
+        lines.append("Not tuned (run as configured): " + ", ".join(untuned) + ".")
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def budget_markdown(grid: Grid, studies: dict[str, dict[str, Any]], records: Sequence[dict[str, Any]],
+                    threads: int | None) -> str:  # fmt: skip
+    """What the page cost and how it selected: trials, trial budget, seeds, selection metric, core-hours."""
+    assert grid.tuning is not None
+    plan = grid.tuning.describe()
+    tuning_s = sum(t["wall_s"] for study in studies.values() for t in study["trials"])
+    test_s = sum(r["values"].get("wall_s", 0.0) for r in records)
+    per = f"{threads} thread(s) per run" if threads else "threads per run as recorded"
+    core = (f"{(tuning_s + test_s) * threads / 3600:.2f} core-hours" if threads
+            else f"{(tuning_s + test_s) / 3600:.2f} run-hours")  # fmt: skip
+    flags = " ".join(plan["flags"]) or "(the row's own budget)"
+    return "\n".join([
+        f"* **Tuning**: {plan['trials']} trials per tuned row, {plan['sampler']}, pruner {plan['pruner']}; each "
+        f"trial is `fedhet fit` with the row's flags, then `{flags}`, at seed {plan['seed']} with the test splits "
+        f"sealed (`federation.seal_test`: a read of any test set fails the trial).",
+        f"* **Selection**: `{plan['metric']}` at the last evaluated round of a trial; the best trial's values are "
+        f"written to `{grid.selected}/<row>.yaml`, the config each row's seeds run.",
+        f"* **Test**: seeds {', '.join(map(str, grid.seeds))} of every row; the tables and claims read test "
+        "numbers of those runs only.",
+        f"* **Cost**: {tuning_s / 3600:.2f} h of tuning runs and {test_s / 3600:.2f} h of test runs, {per}: {core}.",
+        *([f"* **Shared search**: {', '.join(f'`{k}`' for k in plan['shared'])} in one range for every row."]
+          if plan["shared"] else []),
+        *([f"* **Never searched**: {', '.join(f'`{e}`' for e in plan['exclude'])} (every row)."]
+          if plan["exclude"] else []),
+    ])  # fmt: skip
+
+
+def render_page(
+    grid: Grid,
+    records: dict[tuple[str, int], dict[str, Any]],
+    studies: dict[str, dict[str, Any]] | None = None,
+    threads: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The page's Markdown and json from the run records (and the tuning studies); figures are written beside it."""
+    studies = studies or {}
     by_row: dict[str, list[dict[str, Any]]] = {}
     for cell in grid.cells():
         if (cell.label, cell.seed) in records:
@@ -482,6 +656,10 @@ def render_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> t
     missing = [f"{c.label} seed {c.seed}" for c in grid.cells() if (c.label, c.seed) not in records]
     tables = {t.name: markdown_table(t, grid, by_row) for t in grid.tables}
     figures = {f.name: draw_figure(grid, f, by_row) for f in grid.figures}
+    claims = claim_results(grid, by_row)
+    names = {r.label: r.name for r in grid.rows}
+    ordered = [records[c.label, c.seed] for r in grid.rows for c in grid.cells()
+               if c.label == r.label and (c.label, c.seed) in records]  # fmt: skip
 
     def fill(match: re.Match[str]) -> str:
         kind, _, name = match.group(1).partition(":")
@@ -497,6 +675,9 @@ def render_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> t
             "json_command": grid.json_command(),
             "seeds": " ".join(map(str, grid.seeds)),
             "missing": "every cell was run" if not missing else "not run: " + "; ".join(missing),
+            "claims": claims_markdown(claims, names) if grid.claims else "",
+            "tuning": tuning_markdown(grid, studies) if grid.tuning else "",
+            "budget": budget_markdown(grid, studies, ordered, threads) if grid.tuning else "",
         }[kind]
 
     text = PLACEHOLDER.sub(fill, grid.template).rstrip() + "\n"
@@ -513,16 +694,24 @@ def render_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> t
                      for label in t.rows if by_row.get(label)}
             for t in grid.tables
         },
-        "runs": [records[c.label, c.seed] for r in grid.rows for c in grid.cells()
-                 if c.label == r.label and (c.label, c.seed) in records],
+        "runs": ordered,
     }  # fmt: skip
+    if grid.claims:
+        payload["claims"] = claims
+    if grid.tuning is not None:
+        payload["tuning"] = {"plan": grid.tuning.describe(), "threads": threads, "rows": studies}
     return text, payload
 
 
-def write_page(grid: Grid, records: dict[tuple[str, int], dict[str, Any]]) -> str:
+def write_page(
+    grid: Grid,
+    records: dict[tuple[str, int], dict[str, Any]],
+    studies: dict[str, dict[str, Any]] | None = None,
+    threads: int | None = None,
+) -> str:
     """Write ``<page>.md`` and ``<page>.json`` (atomically) and the figures; returns the Markdown."""
     grid.page.parent.mkdir(parents=True, exist_ok=True)
-    text, payload = render_page(grid, records)
+    text, payload = render_page(grid, records, studies, threads)
     atomic_write_text(grid.page.with_suffix(".json"), json.dumps(payload, indent=1) + "\n")
     atomic_write_text(grid.page, text)
     return text
@@ -546,6 +735,18 @@ def grid_command(
     """
     grid = parse_grid(grid_path)
     root = Path(out) if out is not None else grid.out
+    studies = studies_from_json(from_json) if from_json is not None and grid.tuning is not None else {}
+    if grid.tuning is not None and not report_only:
+        threads = threads or default_threads(jobs)
+        tuned = [r for r in grid.rows
+                 if grid.tuned(r) and not (r.label in studies and grid.selected_config(r).is_file())]  # fmt: skip
+        if tuned:
+            plan = grid.tuning
+            validate_cells([Cell(r.label, r.config, plan.seed, (*r.flags, *plan.flags)) for r in tuned], root)
+            echo(f"{grid.path}: tuning {len(tuned)} rows, {plan.trials} trials each, on val/{plan.metric}")
+            results = tune_rows([(r.label, r.config, r.flags) for r in tuned], grid.tuning, root, grid.selected,
+                                grid.page.stem, child_environment(threads), jobs, echo)  # fmt: skip
+            studies.update({label: result.as_dict() for label, result in results.items()})
     cells = grid.cells()
     records = records_from_json(from_json, cells) if from_json is not None else {}
     outcomes = []
@@ -566,7 +767,8 @@ def grid_command(
     if not records:
         echo(f"{grid.path}: no cell has numbers (no complete run under {root}, no record); nothing to write")
         return 1
-    text = write_page(grid, records)
+    recorded_threads = threads if threads is not None else studies_threads(from_json)
+    text = write_page(grid, records, studies, recorded_threads)
     echo(text)
     echo(f"wrote {grid.page} and {grid.page.with_suffix('.json')}")
     failed = [o for o in outcomes if not o.ok]
@@ -576,8 +778,60 @@ def grid_command(
     return 0
 
 
+#: The summary page of every claim (``fedhet bench --claims configs/grids/*.yaml``).
+CLAIMS_PAGE = Path("docs/results/claims.md")
+
+
+def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
+    """Every claim the grids declare, with the verdict and interval their pages' json computed; written to ``page``.
+
+    A grid whose page has no json yet (never run) is listed as not run, its claims without verdicts.
+    """
+    lines = [
+        "# Claims of the papers and their verdicts",
+        "",
+        f"Generated by `fedhet bench --claims {' '.join(grid_paths)}` from the pages' json; do not edit by hand.",
+        "Each verdict is computed from the paired difference over seeds (95 % Student-t interval): **holds** when",
+        "the interval is above 0, **fails** when below, **inconclusive** otherwise (docs/results_pages.md).",
+        "",
+    ]
+    tally: dict[str, int] = {}
+    for path in grid_paths:
+        grid = parse_grid(path)
+        record = grid.page.with_suffix(".json")
+        lines.append(f"## [{grid.title}]({grid.page.name})")
+        lines.append("")
+        if not grid.claims:
+            lines += ["(this page declares no claims)", ""]
+            continue
+        results = None
+        if record.is_file():
+            payload = json.loads(record.read_text())
+            results = payload.get("claims")
+        if results is None:
+            lines += [f"Not run yet: `{grid.command()}`.", ""]
+            lines += [f"* {c.claim} ({c.paper or 'no paper reference'})" for c in grid.claims] + [""]
+            continue
+        names = {r.label: r.name for r in grid.rows}
+        lines += [claims_markdown(results, names), ""]
+        for result in results:
+            tally[result["verdict"]] = tally.get(result["verdict"], 0) + 1
+    total = ", ".join(f"{count} {verdict}" for verdict, count in sorted(tally.items())) or "no claim has a verdict yet"
+    lines.insert(6, f"In all: {total}.\n")
+    text = "\n".join(lines).rstrip() + "\n"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(page, text)
+    return text
+
+
 def grid_bench(args: argparse.Namespace, extra: Sequence[str], echo: Callable[[str], None] = print) -> int:
-    """``fedhet bench --grid FILE``: everything the page needs is in the file (:mod:`fedhet.pages`)."""
+    """``fedhet bench --grid FILE`` (everything the page needs is in the file) or ``--claims GRID ...``."""
+    if args.claims is not None:
+        if args.grid is not None or args.configs or args.settings or extra:
+            raise ConfigError("--claims: give only the grid files whose claims to collect")
+        echo(claims_page(args.claims))
+        echo(f"wrote {CLAIMS_PAGE}")
+        return 0
     if args.configs or args.settings or extra:
         raise ConfigError("--grid: the grid file holds the configs, settings and flags; drop --configs, --set and '--'")
     return grid_command(args.grid, args.out, args.jobs, args.threads, args.report_only, args.from_json, echo)

@@ -404,7 +404,8 @@ def random_point(space: Sequence[Param], seed: int) -> dict[str, Any]:
     return nest({p.name: p.ppf(rng.random()) for p in space})
 
 
-def _optuna() -> Any:
+def load_optuna() -> Any:
+    """Optuna (installed with fedhet), or one line saying how to install it."""
     try:
         import optuna
     except ImportError:
@@ -419,6 +420,64 @@ def _index_of(param: Param, value: Any) -> int | None:
     return next((i for i, v in enumerate(param.config["values"]) if value_key(v) == key), None)
 
 
+def optuna_distributions(space: Sequence[Param]) -> dict[str, Any]:
+    """Optuna's distribution of every searched parameter (:func:`optuna_point` maps a proposal back).
+
+    Categorical ones by index, integers as integers, continuous ones on their quantile scale (log
+    kinds on their log scale, as W&B's bayes search normalises them).
+    """
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    distributions: dict[str, Any] = {}
+    for p in space:
+        if p.kind == "constant":
+            continue
+        if p.kind in ("categorical", "categorical_w_probabilities"):
+            distributions[p.name] = CategoricalDistribution(list(range(len(p.config["values"]))))
+        elif p.kind == "int_uniform":
+            distributions[p.name] = IntDistribution(p.config["min"], p.config["max"])
+        else:
+            distributions[p.name] = FloatDistribution(0.0, 1.0)
+    return distributions
+
+
+def optuna_point(space: Sequence[Param], asked: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameter values (nested as W&B nests them) of an Optuna proposal on :func:`optuna_distributions`."""
+    flat: dict[str, Any] = {}
+    for p in space:
+        if p.kind == "constant":
+            flat[p.name] = p.config["value"]
+        elif p.kind in ("categorical", "categorical_w_probabilities"):
+            flat[p.name] = p.config["values"][asked[p.name]]
+        elif p.kind == "int_uniform":
+            flat[p.name] = int(asked[p.name])
+        else:
+            flat[p.name] = p.ppf(asked[p.name])
+    return nest(flat)
+
+
+def optuna_internal(space: Sequence[Param], flat: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The searched values in :func:`optuna_distributions`' terms (``None``: a value outside the space)."""
+    out: dict[str, Any] = {}
+    for p in space:
+        if p.kind == "constant":
+            continue
+        value = flat.get(p.name)
+        if p.kind in ("categorical", "categorical_w_probabilities"):
+            out[p.name] = _index_of(p, value)
+            if out[p.name] is None:
+                return None
+        elif p.kind == "int_uniform":
+            if not _is_number(value) or not p.config["min"] <= value <= p.config["max"]:
+                return None
+            out[p.name] = int(value)
+        else:
+            if not _is_number(value):
+                return None
+            out[p.name] = p.cdf(value)
+    return out
+
+
 def bayes_point(space: Sequence[Param], trials: Sequence[Trial], goal: str, seed: int) -> dict[str, Any]:
     """The next point Optuna's TPE sampler proposes, given the trials so far (deterministic for a seed).
 
@@ -429,38 +488,11 @@ def bayes_point(space: Sequence[Param], trials: Sequence[Trial], goal: str, seed
     """
     import warnings
 
-    optuna = _optuna()
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    optuna = load_optuna()
     from optuna.trial import TrialState, create_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    searched = [p for p in space if p.kind != "constant"]
-    distributions: dict[str, Any] = {}
-    for p in searched:
-        if p.kind in ("categorical", "categorical_w_probabilities"):
-            distributions[p.name] = CategoricalDistribution(list(range(len(p.config["values"]))))
-        elif p.kind == "int_uniform":
-            distributions[p.name] = IntDistribution(p.config["min"], p.config["max"])
-        else:  # searched on its quantile scale: log kinds on their log scale
-            distributions[p.name] = FloatDistribution(0.0, 1.0)
-
-    def internal(flat: dict[str, Any]) -> dict[str, Any] | None:
-        out: dict[str, Any] = {}
-        for p in searched:
-            value = flat[p.name]
-            if p.kind in ("categorical", "categorical_w_probabilities"):
-                out[p.name] = _index_of(p, value)
-                if out[p.name] is None:
-                    return None
-            elif p.kind == "int_uniform":
-                if not _is_number(value) or not p.config["min"] <= value <= p.config["max"]:
-                    return None
-                out[p.name] = int(value)
-            else:
-                if not _is_number(value):
-                    return None
-                out[p.name] = p.cdf(value)
-        return out
+    distributions = optuna_distributions(space)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna's ExperimentalWarning for constant_liar on older versions
@@ -468,7 +500,7 @@ def bayes_point(space: Sequence[Param], trials: Sequence[Trial], goal: str, seed
         study = optuna.create_study(direction="maximize" if goal == "maximize" else "minimize", sampler=sampler)
         for trial in trials:
             flat = flatten(trial.params, space)
-            point = internal(flat) if flat is not None else None
+            point = optuna_internal(space, flat) if flat is not None else None
             if point is None:
                 continue  # a run of another search space (cannot inform this one)
             if trial.state == "running":
@@ -479,17 +511,7 @@ def bayes_point(space: Sequence[Param], trials: Sequence[Trial], goal: str, seed
                 state, value = TrialState.FAIL, None
             study.add_trial(create_trial(params=point, distributions=distributions, state=state, value=value))
         asked = study.ask(distributions).params if distributions else {}
-    flat_out: dict[str, Any] = {}
-    for p in space:
-        if p.kind == "constant":
-            flat_out[p.name] = p.config["value"]
-        elif p.kind in ("categorical", "categorical_w_probabilities"):
-            flat_out[p.name] = p.config["values"][asked[p.name]]
-        elif p.kind == "int_uniform":
-            flat_out[p.name] = int(asked[p.name])
-        else:
-            flat_out[p.name] = p.ppf(asked[p.name])
-    return nest(flat_out)
+    return optuna_point(space, asked)
 
 
 def propose(

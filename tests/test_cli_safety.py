@@ -260,14 +260,18 @@ def test_run_directory_claim_refuses_a_file(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- 3. one run per directory
-#: Each of two processes claims the run directories argv[2:] in turn, trial i starting at the same
-#: instant (argv[1] + 0.25 i) in both, and holds the claim 20 ms before writing config.yaml (the
-#: gap of a real run); it prints one JSON line per trial: 0 (proceeded) or the one-line error.
+#: Each of two processes says it is ready, waits for the start instant the test writes to argv[1],
+#: then claims the run directories argv[2:] in turn, trial i starting at the same instant
+#: (start + 0.25 i) in both, and holds the claim 20 ms before writing config.yaml (the gap of a
+#: real run); it prints one JSON line per trial: 0 (proceeded) or the one-line error.
 CLAIMER = """
-import json, sys, time
+import json, os, sys, time
 from fedhet.errors import FedhetError
 from fedhet.tracking.rundir import RunDirectory
-start = float(sys.argv[1])
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.005)
+start = float(open(sys.argv[1]).read())
 for trial, path in enumerate(sys.argv[2:]):
     time.sleep(max(0.0, start + 0.25 * trial - time.time()))
     try:
@@ -297,12 +301,17 @@ def test_two_processes_claiming_one_run_dir_at_once_exactly_one_proceeds(tmp_pat
         path.mkdir()  # half the trials: an empty directory the user made
     import time
 
-    start = time.time() + 15  # both interpreters are up by then, even on a busy machine
+    go = tmp_path / "go"
     processes = [
-        subprocess.Popen([sys.executable, "-c", CLAIMER, str(start), *map(str, paths)], env=_env(),
+        subprocess.Popen([sys.executable, "-c", CLAIMER, str(go), *map(str, paths)], env=_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
+    for process in processes:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    staged = tmp_path / "go.tmp"
+    staged.write_text(str(time.time() + 0.3))  # both interpreters are up and waiting: start together
+    staged.rename(go)
     outputs = [process.communicate(timeout=120) for process in processes]
     results = [[json.loads(line) for line in out.splitlines()] for out, _ in outputs]
     assert [len(r) for r in results] == [20, 20], outputs

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -59,6 +59,39 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 EVAL_SPLITS = ("val", "test")
+
+
+class SealedSplit:
+    """A test split that may not be read: its size is known, any access to its data raises.
+
+    A tuning trial runs with the test splits sealed (``federation.seal_test``), so that no
+    hyperparameter can be chosen on test numbers, by the tuner or by a method or metric that
+    reads a test set by accident: the read fails the trial with one line naming the split.
+    """
+
+    def __init__(self, what: str, size: int) -> None:
+        self.what = what
+        self.size = size
+
+    def __len__(self) -> int:  # the size is metadata (``describe``), not test data
+        return self.size
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("what", "size"):
+            raise AttributeError(name)
+        raise self.refusal()
+
+    def __iter__(self) -> Any:
+        raise self.refusal()
+
+    def __getitem__(self, index: Any) -> Any:
+        raise self.refusal()
+
+    def refusal(self) -> DataError:
+        return DataError(
+            f"{self.what} was read while the test splits are sealed (federation.seal_test: a tuning "
+            "trial selects on validation only); evaluate on test after tuning, with seal_test false"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,6 +204,7 @@ class FederatedScenario(LightningDataModule):
         self.augment = augment
         self._built: _Built | None = None
         self._public_data: TensorData | None = None
+        self.test_sealed = False
 
     # ---------------------------------------------------------------------------------------
     # Building
@@ -259,8 +293,11 @@ class FederatedScenario(LightningDataModule):
         return list(self._state.domains)
 
     def client_data(self, client_id: int) -> ClientData:
-        """Return the data of client ``client_id``."""
-        return self._client(client_id)
+        """Return the data of client ``client_id`` (its test split a :class:`SealedSplit` when sealed)."""
+        client = self._client(client_id)
+        if self.test_sealed:
+            return replace(client, test=SealedSplit(f"client {client_id}'s test split", len(client.test)))
+        return client
 
     def client_domain_index(self, client_id: int) -> int:
         """Return the index in :attr:`domains` of the client's own domain."""
@@ -275,7 +312,24 @@ class FederatedScenario(LightningDataModule):
         """
         if split not in EVAL_SPLITS:
             raise DataError(f"unknown evaluation split {split!r}: use one of {list(EVAL_SPLITS)}")
-        return dict(self._state.eval_sets[split])
+        sets = dict(self._state.eval_sets[split])
+        if split == "test" and self.test_sealed:
+            return {name: SealedSplit(f"the {name} test set", len(data)) for name, data in sets.items()}
+        return sets
+
+    @property
+    def evaluation_splits(self) -> tuple[str, ...]:
+        """The splits clients and servers are scored on, in column order (validation alone when sealed)."""
+        return ("val",) if self.test_sealed else ("test", "val")
+
+    def seal_test(self) -> None:
+        """Seal every test split, each client's and the shared ones, for a tuning trial (:class:`SealedSplit`).
+
+        The splits are built as usual first, so a sealed run has the same partition, validation
+        sets and initialisation as an open run of the same seed.
+        """
+        self.setup()
+        self.test_sealed = True
 
     def public_data(self) -> TensorData | None:
         """Return the public unlabelled images (labels -1), or ``None`` without public data."""

@@ -531,7 +531,8 @@ class FederationLoop:
         columns = len(self.column_names)
         per_client = self.executor.evaluate(tasks, apply_download)
         results: dict[str, dict[str, torch.Tensor]] = {}
-        for split, offset in (("test", 0), ("val", columns)):
+        for index, split in enumerate(self.scenario.evaluation_splits):
+            offset = index * columns
             metric = ClientSetAccuracy(len(clients), columns)
             for row, counts in enumerate(per_client):
                 for column in range(columns):
@@ -539,14 +540,14 @@ class FederationLoop:
                     metric.update(correct, float(total), row, column)
             results[split] = metric.compute()
         own = torch.tensor([self.scenario.client_domain_index(c) for c in clients])
-        if not prefix:
+        if not prefix and "test" in results:
             self.last_matrix = {
                 "rows": [f"client {c} ({self.architectures[c]})" for c in clients],
                 "columns": self.column_names,
                 "top1": as_matrix_list(results["test"]["top1"]),
             }
         metrics = round_metrics(
-            self.scenario.kind, results["test"], results["val"], own, self.scenario.domains, clients
+            self.scenario.kind, results.get("test"), results["val"], own, self.scenario.domains, clients
         )
         return {f"{prefix}{k}" if not k.startswith("val/") else f"val/{prefix}{k[4:]}": v for k, v in metrics.items()}
 
@@ -569,18 +570,20 @@ class FederationLoop:
         if not models:
             return {}
         sets = self.runtime.eval_sets(None)
-        half = len(sets) // 2
+        splits = self.scenario.evaluation_splits
+        per_split = len(sets) // len(splits)
+        scores: dict[str, list[float]] = {split: [] for split in splits}
         out: dict[str, float] = {}
-        test_scores, val_scores = [], []
         for name, model in models.items():
             counts = self.runtime.evaluate_model(model, sets)
             top1 = [float(c[0] / t[0]) if float(t[0]) else 0.0 for c, t in counts]
-            test, val = sum(top1[:half]) / half, sum(top1[half:]) / (len(top1) - half)
-            out[f"server/{name}/acc"] = round(100.0 * test, 4)
-            test_scores.append(test)
-            val_scores.append(val)
-        out[SERVER_KEY] = round(100.0 * sum(test_scores) / len(test_scores), 4)
-        out[f"val/{SERVER_KEY}"] = round(100.0 * sum(val_scores) / len(val_scores), 4)
+            for index, split in enumerate(splits):
+                scores[split].append(sum(top1[index * per_split : (index + 1) * per_split]) / per_split)
+            if "test" in scores:
+                out[f"server/{name}/acc"] = round(100.0 * scores["test"][-1], 4)
+        for split, values in scores.items():
+            key = SERVER_KEY if split == "test" else f"val/{SERVER_KEY}"
+            out[key] = round(100.0 * sum(values) / len(values), 4)
         return out
 
     # ------------------------------------------------------------------ the run
@@ -606,7 +609,7 @@ class FederationLoop:
     def summary(self) -> dict[str, Any]:
         """The results contract of design.md section 5 (``summary.json``)."""
         keys = HEADLINE[self.scenario.kind]
-        evaluated = [r for r in self.history if keys[0] in r or SERVER_KEY in r]
+        evaluated = [r for r in self.history if any(k in r for k in (keys[0], SERVER_KEY, f"val/{keys[0]}"))]
         final = final_metrics(evaluated[-1]) if evaluated else {}
         last3 = mean_last(evaluated, keys, 3)
         last3.update(mean_last(evaluated, (SERVER_KEY,), 3))

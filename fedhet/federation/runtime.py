@@ -422,7 +422,7 @@ class ClientRuntime:
         if self._shared_sets is None:
             self._shared_sets = {
                 id(data): f"{split}/{name}"
-                for split in ("test", "val")
+                for split in self.scenario.evaluation_splits
                 for name, data in self.scenario.eval_sets(split).items()
             }
         return self._shared_sets
@@ -430,11 +430,13 @@ class ClientRuntime:
     def eval_sets(self, client_id: int | None) -> list[Any]:
         """Evaluation sets of a client (test columns, then validation columns), or the global ones (``None``).
 
+        Sealed test splits (a tuning trial) leave the validation columns alone.
+
         Domain shift: every domain's test set (then every domain's validation set). Label skew:
         the client's own split, then the global set; the server's models see the global set only.
         """
         sets: list[Any] = []
-        for split in ("test", "val"):
+        for split in self.scenario.evaluation_splits:
             shared = list(self.scenario.eval_sets(split).values())
             if self.scenario.kind == "domain_shift":
                 sets.extend(shared)

@@ -75,6 +75,9 @@ class FederationSettings:
             left it, before the next download (``pre/`` metrics beside the usual ones): the FCCL+
             authors' scoring of homogeneous FedAvg-family clients, where the usual score is the
             global model's.
+        seal_test: score on validation only and make every test split unreadable (a read raises):
+            how the tuning stage of ``fedhet bench`` runs its trials, so that nothing is selected
+            on test numbers (``docs/results_pages.md``).
 
     Raises:
         ConfigError: a value out of its range (one line naming the key), for programs that
@@ -101,6 +104,7 @@ class FederationSettings:
         target_accuracy: dict[str, float | list[float]] | None = None,
         lr_schedule: LRSchedule | None = None,
         eval_after_local_training: bool = False,
+        seal_test: bool = False,
     ) -> None:
         if eval_every < 1:
             raise ConfigError(f"federation.eval_every={eval_every}: must be >= 1")
@@ -138,6 +142,7 @@ class FederationSettings:
         self.target_accuracy = target_accuracy
         self.lr_schedule = lr_schedule
         self.eval_after_local_training = eval_after_local_training
+        self.seal_test = seal_test
         self.targets()  # checked here, once
 
     def targets(self) -> dict[str, list[float]]:

@@ -76,7 +76,7 @@ def label_skew_metrics(result: dict[str, Tensor], client_ids: Sequence[int] | No
 
 def round_metrics(
     kind: str,
-    test: dict[str, Tensor],
+    test: dict[str, Tensor] | None,
     val: dict[str, Tensor] | None,
     own_domain: Tensor,
     domain_names: Sequence[str],
@@ -85,6 +85,7 @@ def round_metrics(
     """All accuracy metrics of one round: test values unprefixed, validation values under ``val/``.
 
     ``client_ids`` names the clients of the matrices' rows when only some were evaluated.
+    ``test`` is ``None`` when the test splits are sealed (a tuning trial): validation values only.
     """
 
     def compute(result: dict[str, Tensor]) -> dict[str, float]:
@@ -92,7 +93,7 @@ def round_metrics(
             return domain_shift_metrics(result, own_domain, domain_names, client_ids)
         return label_skew_metrics(result, client_ids)
 
-    metrics = compute(test)
+    metrics = compute(test) if test is not None else {}
     if val is not None:
         metrics.update({f"val/{k}": v for k, v in compute(val).items() if k in HEADLINE[kind]})
     return metrics

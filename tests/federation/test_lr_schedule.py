@@ -89,7 +89,9 @@ def _recorded_run(name: str, schedule: LRSchedule, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(ClientRuntime, "_collaborate", recorded_collaborate)
     handle = register_optimizer_step_pre_hook(recorder.hook)
     try:
-        tiny_loop(name, rounds=ROUNDS, lr_schedule=schedule).run()
+        # two local steps a round and one evaluation at the end: the rates of every step are what is compared
+        trainer = TrainerTemplate(max_epochs=1, max_steps=2, accelerator="cpu")
+        tiny_loop(name, rounds=ROUNDS, lr_schedule=schedule, trainer=trainer, eval_every=ROUNDS).run()
     finally:
         handle.remove()
         monkeypatch.undo()

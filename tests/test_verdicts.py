@@ -1,0 +1,135 @@
+"""Verdicts computed from paired intervals over seeds: the statistics by hand, and a page's claims from its runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fedhet.errors import ConfigError
+from fedhet.pages import claims_page, parse_grid, render_page
+from fedhet.statistics import FAILS, HOLDS, INCONCLUSIVE, paired_difference, t_quantile
+
+GRID = """\
+title: A tuned test page
+page: {page}
+out: {out}
+seeds: [0, 1, 2]
+tuning: {{trials: 3, metric: acc_local, seed: 9, flags: [--rounds=1], exclude: [momentum]}}
+claims:
+  - {{claim: "A beats B", paper: "Table 1", better: a, than: b, metric: acc_local}}
+  - {{claim: "B beats A", paper: "Table 1", better: b, than: a, metric: acc_local}}
+  - {{claim: "A beats C", paper: "Table 2", better: a, than: c, metric: acc_local}}
+rows:
+  - {{label: a, name: Method A, config: configs/experiments/digits_dir/fedavg.yaml}}
+  - {{label: b, name: Method B, config: configs/experiments/digits_dir/fedprox.yaml}}
+  - {{label: c, name: Method C, config: configs/experiments/digits_dir/local.yaml, tune: false}}
+tables:
+  - {{name: main, metrics: [acc_local]}}
+template: |
+  # {{title}}
+  `{{command}}`
+  {{budget}}
+  {{tuning}}
+  {{table:main}}
+  {{claims}}
+"""
+
+
+def test_t_quantiles_match_the_tables():
+    """Two-sided 95 % critical values of Student's t (any statistics table)."""
+    for df, value in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262), (29, 2.045)):
+        assert t_quantile(0.95, df) == pytest.approx(value, abs=1e-3)
+    assert t_quantile(0.99, 4) == pytest.approx(4.604, abs=1e-3)
+
+
+def test_paired_difference_by_hand():
+    """Differences (2, 3, 2): mean 7/3, sd 1/sqrt(3), half-width 4.303 * sd / sqrt(3) = 1.434."""
+    d = paired_difference({0: 3.0, 1: 5.0, 2: 4.0, 7: 1.0}, {0: 1.0, 1: 2.0, 2: 2.0})
+    assert d.seeds == (0, 1, 2) and d.differences == (2.0, 3.0, 2.0)  # seed 7 has no pair
+    assert d.mean == pytest.approx(7 / 3, abs=1e-4)
+    half = 4.302653 * math.sqrt(1 / 3) / math.sqrt(3)
+    assert d.low == pytest.approx(7 / 3 - half, abs=1e-5) and d.high == pytest.approx(7 / 3 + half, abs=1e-5)
+    assert (d.wins, d.verdict) == (3, HOLDS)
+
+
+def test_verdicts_follow_the_interval_alone():
+    """Above 0 holds, below 0 fails, across 0 (or one seed) is inconclusive, whatever the tally."""
+    assert paired_difference({0: 1.0, 1: 2.0, 2: 1.5}, {0: 3.0, 1: 4.0, 2: 3.2}).verdict == FAILS
+    mixed = paired_difference({0: 1.0, 1: 5.0, 2: 4.0}, {0: 3.0, 1: 2.0, 2: 2.0})  # wins 2 of 3, mean +1
+    assert (mixed.wins, mixed.verdict) == (2, INCONCLUSIVE)
+    assert paired_difference({0: 9.0}, {0: 1.0}).verdict == INCONCLUSIVE  # one seed: no interval
+    assert paired_difference({}, {0: 1.0}).verdict == INCONCLUSIVE
+    same = paired_difference({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0})  # sd 0: the interval is the mean
+    assert (same.low, same.high, same.verdict) == (1.0, 1.0, HOLDS)
+
+
+def _grid(tmp_path: Path, text: str = GRID) -> Path:
+    path = tmp_path / "page.yaml"
+    path.write_text(text.format(page=tmp_path / "page.md", out=tmp_path / "runs"))
+    return path
+
+
+def _records(values: dict[str, list[float]], grid) -> dict:
+    cells = {(c.label, c.seed): c for c in grid.cells()}
+    records = {}
+    for label, per_seed in values.items():
+        for seed, value in enumerate(per_seed):
+            cell = cells[label, seed]
+            records[label, seed] = {"label": label, "config": cell.config, "seed": seed, "flags": list(cell.flags),
+                                    "values": {"final/acc_local": value, "wall_s": 60.0}, "curves": {}}  # fmt: skip
+    return records
+
+
+def test_page_computes_each_claims_verdict_and_lists_the_tuning(tmp_path):
+    """The claims table is computed from the runs; the tuning table lists what each row searched and selected."""
+    grid = parse_grid(_grid(tmp_path))
+    assert [r.label for r in grid.rows if grid.tuned(r)] == ["a", "b"]
+    assert grid.cells()[0].config == str(grid.selected / "a.yaml")  # tuned rows run their selected config
+    assert grid.cells()[2].config.endswith("local.yaml")
+    records = _records({"a": [50.0, 52.0, 51.0], "b": [40.0, 41.0, 43.0], "c": [49.0, 53.0, 50.0]}, grid)
+    study = {"space": {"method.init_args.lr": {}}, "selected": {"number": 2, "value": 61.5,
+             "params": {"method.init_args.lr": 0.0312}},
+             "trials": [{"number": i, "state": s, "wall_s": 30.0, "value": 1.0, "params": {}}
+                        for i, s in enumerate(["complete", "pruned", "complete"])]}  # fmt: skip
+    text, payload = render_page(grid, records, {"a": study}, threads=2)
+    verdicts = [c["verdict"] for c in payload["claims"]]
+    assert verdicts == [HOLDS, FAILS, INCONCLUSIVE]  # a-b = (10, 11, 8); a-c = (1, -1, 1)
+    assert payload["claims"][0]["differences"] == [10.0, 11.0, 8.0]
+    assert "| A beats B | Table 1 | Method A vs Method B | final/acc_local | +9.67 [" in text
+    assert "| 3/3 | **holds** |" in text and "| 2/3 | **inconclusive** |" in text
+    assert "| Method A | `lr` | 3: 2 / 1 / 0 | 61.50 (trial 2) | lr=0.0312 |" in text
+    assert "| Method B | (not tuned yet) |" in text and "Not tuned (run as configured): Method C." in text
+    # cost: 3 trials x 30 s of tuning + 9 runs x 60 s of test, at 2 threads
+    assert "0.03 h of tuning runs and 0.15 h of test runs, 2 thread(s) per run: 0.35 core-hours" in text
+    assert payload["tuning"]["plan"]["trials"] == 3
+
+
+def test_claims_page_collects_every_pages_verdicts(tmp_path, monkeypatch):
+    """``fedhet bench --claims``: each grid's claims with the verdicts of its page json, or 'not run yet'."""
+    grid_path = _grid(tmp_path)
+    grid = parse_grid(grid_path)
+    records = _records({"a": [50.0, 52.0, 51.0], "b": [40.0, 41.0, 43.0], "c": [49.0, 53.0, 50.0]}, grid)
+    _, payload = render_page(grid, records, {}, threads=1)
+    out = tmp_path / "claims.md"
+    text = claims_page([str(grid_path)], out)
+    assert "Not run yet" in text and "* A beats B (Table 1)" in text
+    grid.page.with_suffix(".json").write_text(json.dumps(payload))
+    text = claims_page([str(grid_path)], out)
+    assert "In all: 1 fails, 1 holds, 1 inconclusive." in text
+    assert out.read_text() == text
+
+
+def test_grid_mistakes_in_tuning_and_claims_are_one_line(tmp_path):
+    """Unknown claim rows, a missing {claims} placeholder and a bad tuning key stop before any run."""
+    bad_row = GRID.replace("better: a, than: c", "better: a, than: zz")
+    with pytest.raises(ConfigError, match=r"claims\[2\]: than: no row labelled 'zz'"):
+        parse_grid(_grid(tmp_path, bad_row))
+    with pytest.raises(ConfigError, match=r"a grid with claims shows it: add the \{claims\} placeholder"):
+        parse_grid(_grid(tmp_path, GRID.replace("  {{claims}}\n", "")))
+    with pytest.raises(ConfigError, match="tuning: unknown key 'budget'"):
+        parse_grid(_grid(tmp_path, GRID.replace("trials: 3,", "budget: 3, trials: 3,")))
+    with pytest.raises(ConfigError, match="tune: 'no'"):
+        parse_grid(_grid(tmp_path, GRID.replace("tune: false", "tune: 'no'")))
