@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedhet"
 #: Bottom first. A name is a top-level module or sub-package of ``fedhet`` (``fedhet`` itself: the
 #: package's ``__init__``, which holds only ``__version__``).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("fedhet", "errors", "files", "hparams", "seeding"),
+    ("fedhet", "errors", "files", "hparams", "seeding", "statistics"),
     ("core",),
     ("functional",),
     ("models", "data", "generators"),
@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metrics", "tracking", "privacy"),
     ("federation",),
     ("config", "catalog"),
-    ("bench", "sweep", "sweep_engine", "compare_configs", "examples"),
+    ("bench", "sweep", "sweep_engine", "tuning", "compare_configs", "examples"),
     ("pages",),
     ("cli", "__main__"),
 )
