@@ -403,6 +403,11 @@ class RowStudy:
         if pruned:
             study.tell(trial, state=TrialState.PRUNED)
             return TrialRecord(trial.number, params, last, "pruned", wall)
+        if cell_state(run_dir) == "complete" and last is None:
+            raise ConfigError(
+                f"tuning {self.label}: trial {trial.number} finished without a val/{self.plan.metric} value: the "
+                "scenario holds no validation data for it (e.g. local_val_fraction 0); give it some in the grid"
+            )
         if cell_state(run_dir) != "complete" or last is None:
             study.tell(trial, state=TrialState.FAIL)
             return TrialRecord(trial.number, params, None, "failed", wall)
@@ -453,7 +458,10 @@ def select(trials: Sequence[TrialRecord], label: str) -> TrialRecord:
     """The best complete trial (highest validation value; the earliest on ties)."""
     complete = [t for t in trials if t.state == "complete" and t.value is not None]
     if not complete:
-        raise ConfigError(f"tuning {label}: none of its {len(trials)} trials completed; see their logs")
+        raise ConfigError(
+            f"tuning {label}: none of its {len(trials)} trials completed with a validation value; see their logs "
+            "(a scenario without validation data for the metric, e.g. local_val_fraction 0, records none)"
+        )
     return max(complete, key=lambda t: (t.value, -t.number))
 
 

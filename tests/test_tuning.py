@@ -227,3 +227,19 @@ def test_sealed_fit_reads_no_test_split(tmp_path):
     keys = {k for r in records for k in r if "acc" in k}
     assert keys and all(k.startswith("val/") for k in keys)
     assert not json.loads((run / "summary.json").read_text())["matrix"]  # the test matrix: never computed
+
+
+def test_an_empty_validation_split_reports_no_value_rather_than_zero():
+    """A scenario without local validation: val/acc_local is absent (a tuner would read 0 % as a score)."""
+    import torch
+
+    from fedhet.metrics.report import round_metrics
+
+    def matrices(totals: list[float]) -> dict:
+        total = torch.tensor([totals, totals])
+        return {"top1": torch.full((2, 2), 0.5), "top5": torch.ones(2, 2), "total": total}
+
+    metrics = round_metrics("label_skew", None, matrices([0.0, 100.0]), torch.zeros(2), ["mnist"])
+    assert "val/acc_local" not in metrics and metrics["val/acc_global"] == 50.0
+    with_local = round_metrics("label_skew", None, matrices([40.0, 100.0]), torch.zeros(2), ["mnist"])
+    assert with_local["val/acc_local"] == 50.0

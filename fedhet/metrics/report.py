@@ -74,6 +74,19 @@ def label_skew_metrics(result: dict[str, Tensor], client_ids: Sequence[int] | No
     return metrics
 
 
+def empty_validation(kind: str, val: dict[str, Tensor]) -> set[str]:
+    """Headline metrics whose validation sets hold no example (a scenario without local validation).
+
+    They are left out rather than reported as 0 %, so that nothing (a tuning stage, a best-round
+    selection) mistakes an empty set for a score.
+    """
+    totals = val["total"].sum(dim=0)
+    if kind == "label_skew":
+        empty = {"acc_local", "acc_local_top5"} if float(totals[0]) == 0.0 else set()
+        return empty | ({"acc_global", "acc_global_top5"} if float(totals[1]) == 0.0 else set())
+    return set(HEADLINE[kind]) if float(totals.sum()) == 0.0 else set()
+
+
 def round_metrics(
     kind: str,
     test: dict[str, Tensor] | None,
@@ -95,7 +108,8 @@ def round_metrics(
 
     metrics = compute(test) if test is not None else {}
     if val is not None:
-        metrics.update({f"val/{k}": v for k, v in compute(val).items() if k in HEADLINE[kind]})
+        empty = empty_validation(kind, val)
+        metrics.update({f"val/{k}": v for k, v in compute(val).items() if k in HEADLINE[kind] and k not in empty})
     return metrics
 
 
