@@ -55,7 +55,7 @@ GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figure
              "selected"}
 ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds", "tune"}
 CLAIM_KEYS = {"claim", "paper", "better", "than", "metric"}
-TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds"}
+TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds", "per_seed"}
 FIGURE_KEYS = {"name", "kind", "rows", "block", "metrics"}
 #: numbers of a run that belong to no block of ``summary.json``
 RUN_NUMBERS = ("mb_per_round", "wall_s")
@@ -113,6 +113,7 @@ class Table:
     label: str
     seeds_column: bool
     seeds: tuple[int, ...] | None = None  # None: every seed of a row
+    per_seed: bool = False  # each cell also lists the per-seed values, in seed order
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,7 @@ def parse_grid(path: str | Path) -> Grid:
         tables.append(Table(
             str(entry["name"]), _rows_of(at, entry, labels), _columns(at, entry["metrics"], block, labels),
             int(entry.get("digits", 2)), str(entry.get("label", "method")), bool(entry.get("seeds_column", False)),
-            None if "seeds" not in entry else _seeds(at, entry["seeds"]),
+            None if "seeds" not in entry else _seeds(at, entry["seeds"]), bool(entry.get("per_seed", False)),
         ))  # fmt: skip
     figures = []
     for i, entry in enumerate(data.get("figures") or []):
@@ -513,8 +514,14 @@ def markdown_table(table: Table, grid: Grid, by_row: dict[str, list[dict[str, An
         records = of_seeds(table, by_row.get(label, []))
         if not records:
             continue
-        cells = [cell_text(column_values(c, records, by_row, label), table.digits if c.digits is None else c.digits)
-                 for c in table.columns]  # fmt: skip
+        cells = []
+        for column in table.columns:
+            values = column_values(column, records, by_row, label)
+            digits = table.digits if column.digits is None else column.digits
+            text = cell_text(values, digits)
+            if table.per_seed and len(values) > 1:
+                text += " (" + ", ".join(f"{v:.{digits}f}" for v in values) + ")"
+            cells.append(text)
         seeds = [", ".join(str(r["seed"]) for r in records)] if table.seeds_column else []
         lines.append("| " + " | ".join([names[label], *seeds, *cells]) + " |")
     return "\n".join(lines)

@@ -27,7 +27,7 @@ rows:
   - {{label: b, name: Method B, config: configs/experiments/digits_dir/fedprox.yaml}}
   - {{label: c, name: Method C, config: configs/experiments/digits_dir/local.yaml, tune: false}}
 tables:
-  - {{name: main, metrics: [acc_local]}}
+  - {{name: main, metrics: [acc_local], per_seed: true}}
 template: |
   # {{title}}
   `{{command}}`
@@ -105,6 +105,7 @@ def test_page_computes_each_claims_verdict_and_lists_the_tuning(tmp_path):
     # cost: 3 trials x 30 s of tuning + 9 runs x 60 s of test, at 2 threads
     assert "0.03 h of tuning runs and 0.15 h of test runs, 2 thread(s) per run: 0.35 core-hours" in text
     assert payload["tuning"]["plan"]["trials"] == 3
+    assert "| Method A | 51.00 ± 1.00 (50.00, 52.00, 51.00) |" in text  # mean ± std (per-seed values)
 
 
 def test_claims_page_collects_every_pages_verdicts(tmp_path, monkeypatch):
