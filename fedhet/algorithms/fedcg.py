@@ -13,7 +13,10 @@ Server phase: trainable (:class:`fedhet.algorithms.shared_generators.GeneratorCl
 with ``aggregation="kd"``): example-weighted average, then ``server_steps`` Adam steps (lr 2e-4, weight
 decay 1e-5) distilling the ensemble into both ``G`` and ``D``:
 ``T^2 KL(softmax(sum_i n_i/n D_i(G_i(z, y)) / T) || softmax(D(G(z, y)) / T))``, batch mean,
-``T = 10`` (``KD_agg``, ``server_kd_loss="hinton"``).
+``T = 10`` (``KD_agg``, ``server_loss_form="hinton"``). FedCG uses the shared server
+(:class:`~fedhet.algorithms.shared_generators.GeneratorClassifierServer`), so its server knobs
+(``server_loss_form``, ``server_temperature``, ``server_lr``, ``server_weight_decay`` and
+``server_weight_decay_mode``: Adam's coupled L2 or AdamW) are FedMD-CG's, with FedCG's defaults.
 Client state kept across rounds: ``F_i``, ``D_i`` (overwritten by the download), ``G_i``
 (overwritten by the global ``G`` at each download: the generator is a shared component in FedCG,
 unlike FedMD-CG), the latent discriminator and all optimizer states.
@@ -27,7 +30,7 @@ Local objective, two stages of ``local_steps`` mini-batches:
    one-hot label appended to its input (:class:`LatentDiscriminator`).
 
 Why not the FedMD-CG authors' baseline form (``server_lr=1e-3, server_weight_decay=1e-4,
-server_kd_loss="mean", conditional_discriminator=False``, still available): with it FedCG sits at
+server_loss_form="code", conditional_discriminator=False``, still available): with it FedCG sits at
 chance (10%) from round 2 on, on every seed. The cause is the server optimizer: at ``T = 10`` the
 distillation KL is about 1e-7 (it even comes out negative in float32), so its gradient carries
 almost no signal, and Adam normalises it into full ``lr``-sized steps on every parameter of the
@@ -47,7 +50,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,11 +66,12 @@ from fedhet.algorithms.shared_generators import (
     GeneratorClassifierPayload,
     GeneratorClassifierServer,
     GeneratorServerHparams,
+    ServerLossForm,
 )
 from fedhet.core.payloads import Payload
 from fedhet.core.state import copy_state_into
 from fedhet.functional import discriminator_loss, generator_adversarial_loss
-from fedhet.hparams import NonNegativeFloat, PositiveFloat, PositiveInt, knob, log_uniform
+from fedhet.hparams import NonNegativeFloat, PositiveFloat, PositiveInt, categorical, knob, log_uniform
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,16 @@ class FedCGHparams(GeneratorClassifierHparams):
         log_uniform(1e-5, 1e-2),
     )
     server_weight_decay: NonNegativeFloat = knob(
-        1e-5, "its weight decay (FedCG's code: 1e-5; the FedMD-CG authors': 1e-4)"
+        1e-5,
+        "its weight decay (FedCG's code: 1e-5; the FedMD-CG authors': 1e-4)",
+        categorical(0.0, 1e-6, 1e-5, 1e-4, 1e-3),
     )
     server_temperature: PositiveFloat = knob(10.0, "T of the server KD (10)", log_uniform(0.5, 20.0))
-    server_kd_loss: Literal["hinton", "mean"] = knob(
-        "hinton", "server KD: hinton (batch-mean KL times T^2) or mean (the FedMD-CG authors' KLDivLoss() element mean)"
+    server_loss_form: ServerLossForm = knob(
+        "hinton",
+        "server KD: hinton (batch-mean KL times T^2), code (the FedMD-CG authors' KLDivLoss() element mean) "
+        "or paper (batch-mean KL)",
+        categorical("paper", "code", "hinton"),
     )
     conditional_discriminator: bool = knob(
         True, "condition the discriminator on y (FedCG's cGAN; the FedMD-CG authors' baseline does not)"

@@ -54,9 +54,20 @@ Conflicts between paper [P] and code [C], and how they are resolved (spec sectio
   does not let a 400-dimensional sum swamp the CE.
 * Diversity (pitfall 5): ``L_div^2`` with the code's mean-based distances
   (``diversity_norm="mean"``); ``"paper"`` is the literal norms, whose ``exp`` underflows.
-* Server KL (B11): summed over classes by default; ``server_kl_reduction="mean_classes"`` is the
-  code's division by ``C``. The code's ``L_kl,3`` bug (``softmax`` passed as log-probabilities) is
-  not reproduced: all three terms are true KLs.
+* Server KL (B11): ``server_loss_form`` is one knob for both server arms (``KDC_agg`` and
+  ``KD_agg`` reduce their KLs the same way, so Table 3's rows compare aggregations, not
+  reductions): ``"paper"`` (default) sums the per-sample KL over classes at ``T = 1`` as the
+  paper writes it; ``"code"`` is the code's division by ``C``; ``"hinton"`` multiplies the paper
+  form by ``T^2``. Every form takes the batch mean. The code's ``L_kl,3`` bug (``softmax``
+  passed as log-probabilities) is not reproduced: all three terms are true KLs.
+* Server optimizer knobs (declared with search spaces, for the tuning stage): ``server_lr``,
+  ``server_temperature``, ``server_weight_decay`` and ``server_weight_decay_mode``
+  (``"coupled"``: Adam's L2, the paper's and code's; ``"decoupled"``: AdamW). Why they matter:
+  in the code form at ``T = 10`` the KL gradient is so small that a coupled weight decay of 1e-4
+  is 1.7-77x larger (issue 32), so Adam's normalised steps mostly shrink ``G`` and ``D``.
+  Client-side flags (``client_temperature``, ``generator_temperature``, the lambdas) never reach
+  the server's loss, and the server's never reach the clients' losses (tested); ``kl_direction``
+  alone is read by both sides.
 * BatchNorm (B13): ``G`` trains in train mode on the server; ``G_i`` teachers and the frozen ``G``
   on clients run in eval mode; BN buffers are uploaded and averaged with the weights.
 * Server optimizer: Adam(3e-4, wd 1e-4) [P], created fresh every round (the code keeps one Adam

@@ -64,6 +64,24 @@ NoiseKind = Literal["gaussian", "uniform"]
 Aggregation = Literal["kdc", "kd", "ave"]
 KLReduction = Literal["sum_classes", "mean_classes"]
 KDReduction = Literal["batchmean", "mean", "hinton"]
+#: The server distillation's loss form, one for both arms (``KDC_agg`` and ``KD_agg``), see
+#: :data:`SERVER_LOSS_FORMS`.
+ServerLossForm = Literal["paper", "code", "hinton"]
+#: Weight decay of the server's Adam: ``coupled`` adds ``wd * w`` to the gradient (``torch.optim.Adam``,
+#: the paper's and both codes' optimizer), ``decoupled`` shrinks the weights (``AdamW``).
+WeightDecayMode = Literal["coupled", "decoupled"]
+
+#: What each server loss form is, per arm: the per-sample KL's reduction over classes for
+#: ``crossed_distillation_loss`` (``KDC_agg``), the reduction of ``ensemble_distillation_kl``
+#: (``KD_agg``), and whether the loss is multiplied by ``T^2``. ``paper``: the KL summed over
+#: classes (a true KL, batch mean), as the paper writes it; ``code``: averaged over classes (the
+#: authors' ``KLDivLoss`` element mean, 1/C of the paper's); ``hinton``: the paper's form times
+#: ``T^2`` (Hinton et al.; the gradient keeps its size as ``T`` grows; FedCG's KD).
+SERVER_LOSS_FORMS: dict[str, tuple[KLReduction, KDReduction, bool]] = {
+    "paper": ("sum_classes", "batchmean", False),
+    "code": ("mean_classes", "mean", False),
+    "hinton": ("sum_classes", "hinton", True),
+}
 
 GENERATOR_PREFIX = "generator."
 CLASSIFIER_PREFIX = "model.head."
@@ -88,9 +106,21 @@ class GeneratorClassifierHparams(LocalOptimizer):
     generator_lr: PositiveFloat = knob(3e-4, "Adam learning rate of G_i (3e-4)", log_uniform(1e-5, 1e-2))
     generator_weight_decay: NonNegativeFloat = knob(1e-4, "Adam weight decay of G_i (1e-4)")
     server_lr: PositiveFloat = knob(3e-4, "Adam learning rate of G and D on the server (3e-4)", log_uniform(1e-5, 1e-2))
-    server_weight_decay: NonNegativeFloat = knob(1e-4, "its weight decay (1e-4)")
+    server_weight_decay: NonNegativeFloat = knob(
+        1e-4, "its weight decay (1e-4)", categorical(0.0, 1e-6, 1e-5, 1e-4, 1e-3)
+    )
+    server_weight_decay_mode: WeightDecayMode = knob(
+        "coupled",
+        "server weight decay: coupled (Adam's L2 added to the gradient; paper, code) or decoupled (AdamW)",
+        categorical("coupled", "decoupled"),
+    )
     server_temperature: PositiveFloat = knob(
         1.0, "T of the server KLs (1; FedMD-CG's code: 10)", log_uniform(0.5, 20.0)
+    )
+    server_loss_form: ServerLossForm = knob(
+        "paper",
+        "server KL of both arms: paper (summed over classes), code (averaged over classes) or hinton (paper x T^2)",
+        categorical("paper", "code", "hinton"),
     )
 
     def check(self) -> None:
@@ -106,7 +136,6 @@ class ServerDistillationHparams(GeneratorClassifierHparams):
     kl_direction: KLDirection = knob(
         "teacher_first", "KL order: teacher_first (code, standard KD) or as_printed (paper's order)"
     )
-    server_kl_reduction: KLReduction = knob("sum_classes", "server KL: sum_classes (a KL) or mean_classes (code)")
     share_server_noise: bool = knob(True, "one noise batch for every generator on the server (paper)")
     aggregation: Aggregation = knob(
         "kdc", "server: kdc (KDC_agg), kd (KD_agg) or ave (AVE_agg), Table 3", categorical("kdc", "kd", "ave")
@@ -115,11 +144,7 @@ class ServerDistillationHparams(GeneratorClassifierHparams):
 
 @dataclass(frozen=True)
 class GeneratorServerHparams(ServerDistillationHparams):
-    """What :class:`GeneratorClassifierServer` reads: the distillation switches and ``KD_agg``'s reduction."""
-
-    server_kd_loss: KDReduction = knob(
-        "batchmean", "reduction of KD_agg (see fedhet.functional.ensemble_distillation_kl)"
-    )
+    """What :class:`GeneratorClassifierServer` reads: the distillation switches (one loss form for both arms)."""
 
 
 class ConditionalFeatureGenerator(nn.Module):
@@ -305,8 +330,13 @@ class GeneratorClassifierServer(TrainableServerPhase):
 
     Reads ``aggregation`` (``"kdc"``: FedMD-CG, Eq. 10-12; ``"kd"``: FedCG's ensemble KD;
     ``"ave"``: no distillation), ``server_steps``, ``server_batch_size``, ``server_lr``,
-    ``server_weight_decay``, ``server_temperature``, ``kl_direction``, ``server_kl_reduction``,
-    ``share_server_noise`` and ``server_kd_loss`` (:class:`GeneratorServerHparams`).
+    ``server_weight_decay``, ``server_weight_decay_mode``, ``server_temperature``, ``kl_direction``,
+    ``server_loss_form`` and ``share_server_noise`` (:class:`GeneratorServerHparams`).
+
+    Both arms (``kdc`` and ``kd``) read one ``server_loss_form`` (:data:`SERVER_LOSS_FORMS`), so
+    Table 3's ``KDC_agg`` and ``KD_agg`` rows always reduce their KLs the same way: ``paper``
+    sums the per-sample KL over classes, ``code`` averages it over classes, ``hinton`` is
+    ``paper`` times ``T^2``; every form takes the batch mean.
 
     Args:
         make_generator: builds a generator of the clients' architecture.
@@ -415,6 +445,7 @@ class GeneratorClassifierServer(TrainableServerPhase):
             if self.hp.aggregation == "kdc":
                 global_on_local.append(self.classifier(local_features))  # L_kl,2: trains D only
                 local_on_global.append(local_classifier(global_features))  # L_kl,3: trains G only
+        kl_reduction, kd_reduction, t_squared = SERVER_LOSS_FORMS[self.hp.server_loss_form]
         if self.hp.aggregation == "kd":
             assert self.round_sample_weights is not None
             return ensemble_distillation_kl(
@@ -422,10 +453,10 @@ class GeneratorClassifierServer(TrainableServerPhase):
                 torch.stack(targets),
                 self.round_sample_weights,
                 self.hp.server_temperature,
-                self.hp.server_kd_loss,
+                kd_reduction,
             )
         assert self.round_tau is not None
-        return crossed_distillation_loss(
+        loss = crossed_distillation_loss(
             global_logits,
             torch.stack(targets),
             torch.stack(global_on_local),
@@ -433,9 +464,10 @@ class GeneratorClassifierServer(TrainableServerPhase):
             self.round_tau.to(labels.device)[:, labels],
             self.hp.server_temperature,
             self.hp.kl_direction,
-            self.hp.server_kl_reduction,
+            kl_reduction,
             self.terms,
         )
+        return loss * self.hp.server_temperature**2 if t_squared else loss
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         loss = self.distillation_loss(batch[0])
@@ -446,8 +478,16 @@ class GeneratorClassifierServer(TrainableServerPhase):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """Adam on ``G`` and ``D``; ``server_weight_decay_mode`` picks L2 in the gradient (Adam) or AdamW.
+
+        With coupled decay the ``wd * w`` term enters Adam's normalisation with the distillation
+        gradient; when that gradient is small (``T = 10`` without ``T^2``, averaged over classes:
+        issue 32 measured decay 1.7-77x the KL gradient) the steps mostly shrink the weights.
+        Decoupled decay keeps the normalised step the KL's alone.
+        """
         parameters = [*self.generator.parameters(), *self.classifier.parameters()]
-        return torch.optim.Adam(parameters, lr=self.hp.server_lr, weight_decay=self.hp.server_weight_decay)
+        optimizer = torch.optim.AdamW if self.hp.server_weight_decay_mode == "decoupled" else torch.optim.Adam
+        return optimizer(parameters, lr=self.hp.server_lr, weight_decay=self.hp.server_weight_decay)
 
     # ------------------------------------------------------------------ download
     def download_for(self, client_id: int) -> GeneratorClassifierPayload | None:
@@ -530,5 +570,8 @@ __all__ = [
     "KDReduction",
     "KLReduction",
     "NoiseKind",
+    "SERVER_LOSS_FORMS",
     "ServerDistillationHparams",
+    "ServerLossForm",
+    "WeightDecayMode",
 ]

@@ -216,9 +216,11 @@ class AdamOracle:
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        decoupled: bool = False,
     ):
         self.params = list(params)
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, betas, eps
+        self.decoupled = decoupled  # AdamW (Loshchilov & Hutter): w <- w (1 - lr wd), not wd w in the gradient
         self.state: dict[int, tuple[int, Tensor, Tensor]] = {}
 
     @torch.no_grad()
@@ -229,7 +231,11 @@ class AdamOracle:
                 continue
             t, m, v = self.state.get(i, (0, torch.zeros_like(p), torch.zeros_like(p)))
             t += 1
-            g = p.grad + self.weight_decay * p  # L2 (torch.optim.Adam's weight_decay), not AdamW
+            if self.decoupled:
+                p.mul_(1 - self.lr * self.weight_decay)
+                g = p.grad
+            else:
+                g = p.grad + self.weight_decay * p  # L2 (torch.optim.Adam's weight_decay), not AdamW
             m = b1 * m + (1 - b1) * g
             v = b2 * v + (1 - b2) * g * g
             m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)

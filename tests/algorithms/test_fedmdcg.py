@@ -317,9 +317,9 @@ def test_fedcg_cgan_run_and_generator_is_shared():
     scores = module.discriminator(torch.randn(5, module.model.num_features), labels)
     assert scores.shape == (5, 1) and bool(((scores > 0) & (scores < 1)).all())
     assert loop.history[-1]["server/distill_loss"] >= 0 and "acc_server" in loop.history[-1]
-    assert loop.server.hp.server_kd_loss == "hinton" and loop.server.hp.server_lr == pytest.approx(2e-4)
-    with pytest.raises(ConfigError, match="server_kd_loss"):
-        FedCG(server_kd_loss="sum")  # type: ignore[arg-type]
+    assert loop.server.hp.server_loss_form == "hinton" and loop.server.hp.server_lr == pytest.approx(2e-4)
+    with pytest.raises(ConfigError, match="server_loss_form"):
+        FedCG(server_loss_form="sum")  # type: ignore[arg-type]
 
 
 def test_fedcg_discriminator_is_conditioned_on_the_label():

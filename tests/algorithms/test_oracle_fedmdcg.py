@@ -18,9 +18,11 @@ oracle follows too:
 * MSEs are means over batch and dimensions (code); diversity ``L_div^2`` with the code's mean
   distances (``"mean"``) or the literal norms (``"paper"``);
 * the server's ``tau_{i,y} = n_i^y / max(sum_j n_j^y, 1)``, KL summed over classes (or averaged,
-  ``server_kl_reduction="mean_classes"``), one noise batch shared by every generator (paper) or
-  fresh noise per teacher; ``KD_agg`` averages the teachers' logits with ``n_i / n``;
-* Adam with L2 weight decay everywhere a generator trains; the global ``G`` in train mode on the
+  ``server_loss_form="code"``; times ``T^2`` with ``"hinton"``; both arms alike), one noise batch
+  shared by every generator (paper) or fresh noise per teacher; ``KD_agg`` averages the teachers'
+  logits with ``n_i / n``;
+* Adam with L2 weight decay everywhere a generator trains (AdamW on the server with
+  ``server_weight_decay_mode="decoupled"``); the global ``G`` in train mode on the
   server, the clients' ``G_i`` teachers and the received ``G`` in eval mode.
 
 Noise and sampled labels come from the global RNG inside each training step; the oracle restores
@@ -256,10 +258,17 @@ def oracle_server(uploads: list[dict], rng: list[Tensor] | None, template: nn.Mo
     sampler = torch.Generator().manual_seed(derive_seed(SERVER_SEED, "fedmdcg-labels"))
     all_labels = torch.multinomial(counts.sum(0), steps * B, True, generator=sampler)
     adam = AdamOracle(
-        [*generator.parameters(), *classifier.parameters()], TINY["server_lr"], TINY["server_weight_decay"]
+        [*generator.parameters(), *classifier.parameters()],
+        TINY["server_lr"],
+        TINY["server_weight_decay"],
+        decoupled=hp["server_weight_decay_mode"] == "decoupled",
     )
     T, direction = hp["server_temperature"], hp["kl_direction"]
-    reduce = (lambda v: v / M) if hp["server_kl_reduction"] == "mean_classes" else (lambda v: v)
+    form = hp["server_loss_form"]
+    scale = 1.0 / M if form == "code" else (T * T if form == "hinton" else 1.0)
+
+    def reduce(per_sample: Tensor) -> Tensor:
+        return scale * per_sample
     for step in range(steps):
         torch.set_rng_state(rng[step])
         y = all_labels[step * B : (step + 1) * B]
@@ -276,7 +285,7 @@ def oracle_server(uploads: list[dict], rng: list[Tensor] | None, template: nn.Mo
             local_feats.append(f_i)
         if hp["aggregation"] == "kd":  # FedCG's KD_agg: KL(softmax(sum_i w_i z_i / T) || softmax(z / T)), batch mean
             ensemble = sum(w * t for w, t in zip(share, targets, strict=True))
-            loss = kl(g_logits, ensemble, T, "teacher_first").mean()
+            loss = reduce(kl(g_logits, ensemble, T, "teacher_first")).mean()
         else:  # Eq. 12: L_kl,1 (D o G) + L_kl,2 (D o G_i, trains D) + L_kl,3 (D_i o G, trains G)
             loss = torch.zeros(())
             for i, (_, d_i) in enumerate(teachers):
@@ -298,7 +307,8 @@ DEFAULTS = dict(
     stage1_eval_bug=STAGE1_EVAL_AFTER_FIRST_FIT,
     aggregation="kdc",
     kl_direction="teacher_first",
-    server_kl_reduction="sum_classes",
+    server_loss_form="paper",
+    server_weight_decay_mode="coupled",
     share_server_noise=True,
     knowledge_transfer="feature_logit",
     noise="gaussian",
@@ -322,7 +332,11 @@ SWITCHES = {
     "defaults": {},
     "kd_agg": {"aggregation": "kd", "server_temperature": 3.0},
     "ave_agg": {"aggregation": "ave"},
-    "mean_classes": {"server_kl_reduction": "mean_classes"},
+    "code_form": {"server_loss_form": "code"},
+    "kd_agg_code_form": {"aggregation": "kd", "server_loss_form": "code", "server_temperature": 3.0},
+    "hinton_form": {"server_loss_form": "hinton", "server_temperature": 2.0},
+    "kd_agg_hinton_form": {"aggregation": "kd", "server_loss_form": "hinton", "server_temperature": 2.0},
+    "decoupled_weight_decay": {"server_weight_decay_mode": "decoupled"},
     "as_printed": {"kl_direction": "as_printed"},
     "temperatures": {"client_temperature": 2.0, "generator_temperature": 3.0, "server_temperature": 4.0},
     "fresh_server_noise": {"share_server_noise": False},
