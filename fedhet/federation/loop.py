@@ -502,6 +502,7 @@ class FederationLoop:
             metrics.update(self._evaluate_clients(round_idx, clients, apply_download=False, prefix=prefix))
         if "server" in targets:
             metrics.update(self._evaluate_server(self.algorithm.evaluation_models(self.server, self.client_states())))
+            metrics.update(self._evaluate_references(self.algorithm.reference_models(self.server)))
         metrics["eval/clients"] = float(len(clients))
         return metrics
 
@@ -569,19 +570,35 @@ class FederationLoop:
         if not models:
             return {}
         sets = self.runtime.eval_sets(None)
-        half = len(sets) // 2
         out: dict[str, float] = {}
         test_scores, val_scores = [], []
         for name, model in models.items():
-            counts = self.runtime.evaluate_model(model, sets)
-            top1 = [float(c[0] / t[0]) if float(t[0]) else 0.0 for c, t in counts]
-            test, val = sum(top1[:half]) / half, sum(top1[half:]) / (len(top1) - half)
+            test, val = self._score_on_global_sets(model, sets)
             out[f"server/{name}/acc"] = round(100.0 * test, 4)
             test_scores.append(test)
             val_scores.append(val)
         out[SERVER_KEY] = round(100.0 * sum(test_scores) / len(test_scores), 4)
         out[f"val/{SERVER_KEY}"] = round(100.0 * sum(val_scores) / len(val_scores), 4)
         return out
+
+    def _evaluate_references(self, models: dict[str, nn.Module]) -> dict[str, float]:
+        """``Algorithm.reference_models`` scored as ``acc_server_<name>`` (never part of ``acc_server``)."""
+        if not models:
+            return {}
+        sets = self.runtime.eval_sets(None)
+        out: dict[str, float] = {}
+        for name, model in models.items():
+            test, val = self._score_on_global_sets(model, sets)
+            out[f"{SERVER_KEY}_{name}"] = round(100.0 * test, 4)
+            out[f"val/{SERVER_KEY}_{name}"] = round(100.0 * val, 4)
+        return out
+
+    def _score_on_global_sets(self, model: nn.Module, sets: Sequence[Any]) -> tuple[float, float]:
+        """Top-1 of ``model`` averaged over the global test sets and over the validation sets (fractions)."""
+        half = len(sets) // 2
+        counts = self.runtime.evaluate_model(model, sets)
+        top1 = [float(c[0] / t[0]) if float(t[0]) else 0.0 for c, t in counts]
+        return sum(top1[:half]) / half, sum(top1[half:]) / (len(top1) - half)
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
