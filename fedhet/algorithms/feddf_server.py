@@ -31,8 +31,9 @@ Deviations from paper/official code:
   train); ``"restore"`` normalises with the public batches' statistics as the paper's code does
   and puts the clients' averaged running statistics back afterwards. Why: the global model is
   evaluated on, and sent to clients for, client data, and 100 train-mode steps on the public
-  photo crops replace the digits' BatchNorm statistics by the photos' (issue 32: the
-  ``digits_dir`` row ends near chance, 37.1 % with ``distill_steps=0``).
+  photo crops replace the digits' BatchNorm statistics by the photos' (issue 32's hypothesis
+  for the ``digits_dir`` row ending near chance, 37.1 % with ``distill_steps=0``; a 5-round check
+  did not confirm it as the main cause, ``docs/feddf_server.md``). Searched with the budget.
 """
 
 from __future__ import annotations
