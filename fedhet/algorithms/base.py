@@ -782,6 +782,15 @@ class Algorithm:
         """
         return server.server_models()
 
+    def reference_models(self, server: ServerPhase) -> dict[str, nn.Module]:
+        """Extra server-side models scored next to ``acc_server`` and logged as ``acc_server_<name>``.
+
+        They are never part of ``acc_server`` and never sent: a reference point for what the
+        server's own processing adds, e.g. FedFTG's plain average before its fine-tuning
+        (``acc_server_plain_average``). Default: none.
+        """
+        return {}
+
     def collaborative_epochs(self) -> int:
         """Epochs over the public set of the collaborative phase per round (0 when there is none)."""
         return 0

@@ -26,7 +26,8 @@ teachers (eval mode, their own BatchNorm statistics) and the persistent conditio
 ``I = 10, I_g = 1, I_d = 5, lambda_cls = lambda_dis = 1``, generator Adam at
 ``0.01 * 0.998^t`` and global-model SGD at ``0.1 * 0.998^t`` with weight decay ``1e-3``, both
 re-created every round (the generator's weights persist). ``acc_server`` evaluates the
-fine-tuned model, the one broadcast.
+fine-tuned model, the one broadcast; ``acc_server_plain_average`` the base's plain average of
+the same round before fine-tuning (evaluation only, :meth:`FedFTG.reference_models`).
 Client state kept across rounds: the base method's.
 
 Deviations from paper/official code (all switchable, defaults follow the code where the paper
@@ -220,6 +221,10 @@ class DataFreeFineTuning(ServerRefinement):
         self.label_probs = torch.zeros(0)  # [M] p_t(y)
         self.sums: dict[str, float] = {}  # round totals of the logged terms
         self.counts: dict[str, int] = {}
+        self.plain_average: dict[str, Tensor] | None = None  # the round's aggregate before fine-tuning
+        # the network it is scored in, in a plain list as the teachers: not a submodule, so neither
+        # Lightning's mode switches nor the checkpoint see it
+        self.plain_average_network: list[nn.Module] = []
 
     # ------------------------------------------------------------------ set-up
     def attach(self, base: ServerPhase, context: ServerContext) -> None:
@@ -266,7 +271,19 @@ class DataFreeFineTuning(ServerRefinement):
         self.alpha = class_ensemble_weights(counts, uniform=not self.hp.class_ensemble)
         self.label_probs = label_sampling_distribution(counts, uniform=not self.hp.label_sampling)
         copy_state_into(self.student, self.base.global_by_architecture[self.group])
+        # the plain average before fine-tuning, scored next to the fine-tuned model every round
+        self.plain_average = clone_state(self.base.global_by_architecture[self.group])
         self.sums, self.counts = {}, {}
+
+    def plain_average_model(self) -> nn.Module | None:
+        """The round's plain average (the base's aggregate, before fine-tuning) as a network, for evaluation only."""
+        if self.plain_average is None or self.context.model_factory is None:
+            return None
+        if not self.plain_average_network:
+            self.plain_average_network.append(self.context.model_factory(self.architecture, self.context.seed))
+        network = self.plain_average_network[0]
+        copy_state_into(network, self.plain_average)
+        return network
 
     def should_refine(self) -> bool:
         return self.active_teachers > 0 and self.hp.iterations > 0
@@ -405,6 +422,18 @@ class FedFTG(ServerPlugin):
 
     def build_refinement(self) -> ServerRefinement:
         return DataFreeFineTuning(self.hp)
+
+    def reference_models(self, server: ServerPhase) -> dict[str, nn.Module]:
+        """``plain_average``: the base's aggregate before fine-tuning (``acc_server_plain_average``).
+
+        Logged every round next to ``acc_server`` (the fine-tuned model, the one broadcast), so each
+        round shows what the fine-tuning added or cost.
+        """
+        refinement = getattr(server, "refinement", None)
+        if not isinstance(refinement, DataFreeFineTuning):
+            return {}
+        model = refinement.plain_average_model()
+        return {} if model is None else {"plain_average": model}
 
 
 __all__ = ["ConditionalImageGenerator", "DataFreeFineTuning", "FedFTG", "FedFTGHparams"]

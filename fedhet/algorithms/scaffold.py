@@ -44,6 +44,11 @@ Deviations from paper/official code:
   here ``K eta_l`` is what the local budget actually took;
 * ``x`` in the ``c_i`` update is the model the client received (after any server refinement),
   not the previous plain average (reference/fedftg.md A9).
+
+Step size (``docs/diagnoses.md``): plain SGD at a folder's lr takes about a tenth of the steps of
+the momentum-0.9 configs beside it; on ``digits_dir`` SCAFFOLD at lr 0.05 tracks FedAvg with
+momentum 0 at lr 0.05 (no bug), and lr 0.5 (about momentum 0.9's effective step) brings it to
+FedAvg's level. ``lr`` (searched log-uniformly in [1e-4, 1]) is the knob to tune, not momentum.
 """
 
 from __future__ import annotations

@@ -502,6 +502,7 @@ class FederationLoop:
             metrics.update(self._evaluate_clients(round_idx, clients, apply_download=False, prefix=prefix))
         if "server" in targets:
             metrics.update(self._evaluate_server(self.algorithm.evaluation_models(self.server, self.client_states())))
+            metrics.update(self._evaluate_references(self.algorithm.reference_models(self.server)))
         metrics["eval/clients"] = float(len(clients))
         return metrics
 
@@ -570,21 +571,37 @@ class FederationLoop:
         if not models:
             return {}
         sets = self.runtime.eval_sets(None)
-        splits = self.scenario.evaluation_splits
-        per_split = len(sets) // len(splits)
-        scores: dict[str, list[float]] = {split: [] for split in splits}
+        scores: dict[str, list[float]] = {split: [] for split in self.scenario.evaluation_splits}
         out: dict[str, float] = {}
         for name, model in models.items():
-            counts = self.runtime.evaluate_model(model, sets)
-            top1 = [float(c[0] / t[0]) if float(t[0]) else 0.0 for c, t in counts]
-            for index, split in enumerate(splits):
-                scores[split].append(sum(top1[index * per_split : (index + 1) * per_split]) / per_split)
+            for split, score in self._score_on_global_sets(model, sets).items():
+                scores[split].append(score)
             if "test" in scores:
                 out[f"server/{name}/acc"] = round(100.0 * scores["test"][-1], 4)
         for split, values in scores.items():
             key = SERVER_KEY if split == "test" else f"val/{SERVER_KEY}"
             out[key] = round(100.0 * sum(values) / len(values), 4)
         return out
+
+    def _evaluate_references(self, models: dict[str, nn.Module]) -> dict[str, float]:
+        """``Algorithm.reference_models`` scored as ``acc_server_<name>`` (never part of ``acc_server``)."""
+        if not models:
+            return {}
+        sets = self.runtime.eval_sets(None)
+        out: dict[str, float] = {}
+        for name, model in models.items():
+            for split, score in self._score_on_global_sets(model, sets).items():
+                key = f"{SERVER_KEY}_{name}" if split == "test" else f"val/{SERVER_KEY}_{name}"
+                out[key] = round(100.0 * score, 4)
+        return out
+
+    def _score_on_global_sets(self, model: nn.Module, sets: Sequence[Any]) -> dict[str, float]:
+        """Top-1 of ``model`` averaged over each evaluation split's global sets (fractions), by split."""
+        splits = self.scenario.evaluation_splits
+        per_split = len(sets) // len(splits)
+        counts = self.runtime.evaluate_model(model, sets)
+        top1 = [float(c[0] / t[0]) if float(t[0]) else 0.0 for c, t in counts]
+        return {split: sum(top1[i * per_split : (i + 1) * per_split]) / per_split for i, split in enumerate(splits)}
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:

@@ -181,3 +181,18 @@ def test_feddyn_refuses_a_non_positive_alpha_and_reuses_fedavgs_server():
     algorithm = FedDyn()
     assert algorithm.hp.alpha == 0.01 and algorithm.evaluation == ("clients", "server")
     assert isinstance(algorithm.build_server(), FedAvgServer)
+
+
+def test_feddyn_step_size_knobs_are_searched_with_unchanged_defaults():
+    """momentum, lr and alpha carry search spaces (docs/diagnoses.md: FedDyn needs them tuned together)."""
+    from fedhet.algorithms.feddyn import FedDynHparams
+    from fedhet.hparams import sweep_parameters
+
+    space = sweep_parameters(FedDynHparams)
+    assert space["method.init_args.momentum"] == {"values": [0.0, 0.5, 0.9]}
+    assert space["method.init_args.alpha"] == {"distribution": "log_uniform_values", "min": 0.001, "max": 1.0}
+    assert "method.init_args.lr" in space
+    hp = FedDyn().hp
+    assert (hp.momentum, hp.alpha, hp.lr) == (0.0, 0.01, 0.01)
+    with pytest.raises(ConfigError, match="momentum"):
+        FedDyn(momentum=1.0)

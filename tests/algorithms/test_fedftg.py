@@ -170,3 +170,23 @@ def test_label_counts_are_charged_once_and_rounds_to_target_reported():
     assert summary["rounds_to_target"] == {"acc_server>=1e-06": 1, "acc_server>=100": None, "acc_global>=100": None}
     with pytest.raises(ConfigError, match="percentages"):
         label_skew_run(FedAvg(), rounds=1, target_accuracy={"acc_server": 150.0})
+
+
+def test_the_plain_average_is_scored_next_to_the_fine_tuned_model_every_round():
+    """acc_server_plain_average: the aggregate before fine-tuning, on the same sets, outside acc_server."""
+    method = FedFTG(base=FedAvg(), **TINY)
+    loop, summary = label_skew_run(method, rounds=2)
+    assert all("acc_server_plain_average" in r and "val/acc_server_plain_average" in r for r in loop.history)
+    stage = loop.server.refinement
+    tuned = loop.server.base.global_by_architecture["cnn_tiny"]
+    assert any(not torch.equal(stage.plain_average[k], tuned[k]) for k in tuned)  # fine-tuning moved it
+    scored = loop._evaluate_server({"plain": stage.plain_average_model()})
+    assert loop.history[-1]["acc_server_plain_average"] == scored["acc_server"]
+    assert loop.history[-1]["acc_server"] == loop._evaluate_server(loop.server.server_models())["acc_server"]
+    assert "acc_server_plain_average" in summary["final"]
+    assert all(m is not stage.plain_average_network[0] for m in stage.modules())  # not a submodule
+    # without fine-tuning the broadcast model is the plain average: the two numbers agree exactly
+    untuned, _ = label_skew_run(FedFTG(base=FedAvg(), **{**TINY, "iterations": 0}), rounds=1)
+    assert untuned.history[-1]["acc_server_plain_average"] == untuned.history[-1]["acc_server"]
+    plain, _ = label_skew_run(FedAvg(), rounds=1)
+    assert not any(key.startswith("acc_server_") for key in plain.history[-1])  # other methods log nothing new
