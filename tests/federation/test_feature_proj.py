@@ -64,3 +64,23 @@ def test_unknown_feature_proj_is_refused():
     """Only pool and linear exist."""
     with pytest.raises((SystemExit, Exception)):
         parse_args(["--config", str(CONFIG), "--feature_proj=conv"])
+
+
+def test_fedvtc_keeps_the_linear_neck_the_flags_build():
+    """FedVTC given ``--feature_dim=p --feature_proj=linear`` trains the networks it builds without them.
+
+    At 16 px FedVTC's latent is 20 x 4 x 4, p = 320: every backbone gets Linear(native, 320) either way (mlp_tiny:
+    32 x 320 + 320 = 10,560 weights), so the tuned FedVTC page, which passes the flags to every row, changes
+    only the baselines' necks.
+    """
+    config = ROOT / "configs/experiments/mnist_vtc/fedvtc.yaml"
+    common = ["--config", str(config), *tiny_overrides("label_skew"), "--federation.executor=sequential"]
+    counts = []
+    for flags in ([], ["--feature_dim=320", "--feature_proj=linear"]):
+        parser, parsed = parse_args([*common, *flags])
+        loop = build_experiment(parser, parsed, logging_run=False).build_loop(MemoryStateStore())
+        model = loop.runtime.module("mlp_tiny").model
+        assert isinstance(model.neck, nn.Linear) and (model.neck.in_features, model.neck.out_features) == (32, 320)
+        assert sum(p.numel() for p in model.neck.parameters()) == 32 * 320 + 320
+        counts.append(sum(p.numel() for p in model.parameters()))
+    assert counts[0] == counts[1]
