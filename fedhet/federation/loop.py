@@ -144,7 +144,8 @@ class FederationLoop:
             the command line's choice of store, made before the loop is built).
         callbacks: round observers.
         recipe: how a worker rebuilds this run's client runtime (built from the objects when ``None``).
-        feature_dim: common feature dimension added as a linear neck to every backbone (``None``: none).
+        feature_dim: common feature dimension, a neck on every backbone (``None``: none).
+        feature_proj: that neck: ``"pool"`` (HtFLlib's parameter-free pooling) or ``"linear"`` (learnable).
         family_name: name of the model family, for messages.
     """
 
@@ -163,6 +164,7 @@ class FederationLoop:
         recipe: RuntimeRecipe | None = None,
         feature_dim: int | None = None,
         family_name: str = "custom",
+        feature_proj: str = "pool",
     ) -> None:
         if rounds < 1:
             raise ConfigError(f"rounds={rounds}: run at least one round")
@@ -208,13 +210,15 @@ class FederationLoop:
             feature_dim,
             rounds,
             self.lr_schedule,
+            feature_proj,
         )
         if algorithm.capabilities.common_feature_dim:
             dims = {a: int(self.runtime.module(a).model.num_features) for a in sorted(set(self.architectures))}
             if len(set(dims.values())) > 1:
                 raise ConfigError(
                     f"{algorithm.name} exchanges features and needs one feature dimension, but the backbones "
-                    f"emit {dims}; set --feature_dim 64 (adds a linear neck to every backbone)"
+                    f"emit {dims}; set --feature_dim 64 (adds a neck to every backbone; --feature_proj linear: "
+                    "a learnable one)"
                 )
         self.recipe = recipe or RuntimeRecipe(
             architectures=tuple(self.architectures),
@@ -222,6 +226,7 @@ class FederationLoop:
             rounds=rounds,
             persist_optimizer_state=persist_optimizer_state,
             feature_dim=feature_dim,
+            feature_proj=feature_proj,
             algorithm=algorithm,
             scenario=scenario,
             trainer=trainer,
