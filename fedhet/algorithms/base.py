@@ -44,7 +44,7 @@ import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import lightning.pytorch as pl
 import torch
@@ -54,10 +54,11 @@ from torch import Tensor, nn
 from fedhet.core.payloads import Payload
 from fedhet.core.reuse import guarded_upload, init_hyperparameters
 from fedhet.core.state import copy_state_into
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, TrainingError
 from fedhet.hparams import Hyperparameters, LocalOptimizer, OptimizerName, knobs, projected
 
 Batch = tuple[Tensor, Tensor]
+P = TypeVar("P", bound=Payload)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,34 @@ class ClientUpload:
     client_id: int
     architecture: str
     payload: Payload
+
+    @property
+    def sender(self) -> str:
+        """``"client <id>"``: how every message about this upload names its sender."""
+        return f"client {self.client_id}"
+
+    def expect(self, payload_type: type[P], what: str) -> P:
+        """The payload, when it is a finite ``payload_type`` with a non-negative example count.
+
+        The common start of every :meth:`ServerPhase.check_upload`: the payload type (``what``
+        names it in the message), finite floating values (:meth:`Payload.validate`, repeated here
+        so that a server driven without the loop checks the same) and ``num_examples >= 0``.
+        The per-field checks against the server's own state follow, with
+        :func:`fedhet.core.payloads.check_tensor`, :func:`~fedhet.core.payloads.check_like` and
+        :func:`~fedhet.core.payloads.check_counts`.
+
+        Raises:
+            TrainingError: one line naming the client and the problem.
+        """
+        if not isinstance(self.payload, payload_type):
+            raise TrainingError(f"{self.sender} sent {type(self.payload).__name__}, expected {what}")
+        count = self.payload.num_examples
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise TrainingError(f"{self.sender} sent an example count of type {type(count).__name__}, expected an int")
+        if count < 0:
+            raise TrainingError(f"{self.sender} sent a negative example count ({count})")
+        self.payload.validate(self.sender)
+        return self.payload
 
 
 @dataclass(frozen=True)
@@ -424,6 +453,10 @@ class ServerPhase:
         model, the class count, the feature width), never against another upload, or an
         honest client can be blamed for the first one's fault. The loop has run the generic
         :meth:`Payload.validate` (finite floating tensors) first; the default adds nothing.
+
+        Overrides start with :meth:`ClientUpload.expect` and check each field with the shared
+        helpers of :mod:`fedhet.core.payloads` (``check_like``, ``check_tensor``,
+        ``check_counts``); :meth:`aggregate` then repeats none of it.
         """
 
     def supports_aggregator(self) -> bool:

@@ -414,6 +414,7 @@ class FedKTLServer(TrainableServerPhase):
         self.in_feature_space = not self.hp.use_etf
         self.mmd_bandwidths = tuple(float(a) for a in self.hp.mmd_bandwidths)
         self.num_classes = 0
+        self.held: Tensor | None = None  # [clients, classes] examples each client holds, when the context knows
         self.transformer: nn.Sequential | None = None
         self.centroids: nn.Embedding | None = None
         self.prototypes = torch.zeros(0, 0)
@@ -428,6 +429,7 @@ class FedKTLServer(TrainableServerPhase):
     # ------------------------------------------------------------------ setup and state
     def setup_server(self, context: ServerContext) -> None:
         self.num_classes = context.num_classes
+        self.held = context.label_counts
         dim = self.prototype_dim or context.num_classes
         if self.in_feature_space:
             head = context.initial_client_state(0)["model.head.weight"]
@@ -460,17 +462,18 @@ class FedKTLServer(TrainableServerPhase):
         return result
 
     # ------------------------------------------------------------------ round set-up (step 5a)
+    def check_upload(self, upload: ClientUpload) -> None:
+        """``[C, K]`` float32 prototypes (``K`` known at set-up) and int64 counts within what the client holds."""
+        payload = upload.expect(ClassStatsPayload, "ClassStatsPayload prototypes")
+        held = None if self.held is None else self.held[upload.client_id]
+        payload.validate_shape(self.num_classes, self.prototype_dim, upload.sender, dtype=torch.float32, held=held)
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         assert self.transformer is not None and self.centroids is not None, "setup() was not called"
         prototypes, labels = [torch.zeros(0, self.prototype_dim or 0)], [torch.zeros(0, dtype=torch.long)]
         for upload in uploads:
             payload = upload.payload
-            sender = f"client {upload.client_id}"
-            if not isinstance(payload, ClassStatsPayload):
-                raise TrainingError(
-                    f"{sender} sent {type(payload).__name__}, FedKTL expects ClassStatsPayload prototypes"
-                )
-            payload.validate_shape(self.num_classes, self.prototype_dim, sender)
+            assert isinstance(payload, ClassStatsPayload)  # check_upload passed it
             held = payload.counts > 0
             prototypes.append(payload.values[held].float())
             labels.append(held.nonzero().squeeze(1))

@@ -65,7 +65,7 @@ from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPha
 from fedhet.algorithms.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload, check_like
 from fedhet.core.state import clone_state
-from fedhet.errors import ConfigError, TrainingError
+from fedhet.errors import ConfigError
 from fedhet.hparams import Hyperparameters, LocalOptimizer, PositiveFloat, knob, log_uniform
 
 #: Where a SCAFFOLD client keeps ``c_i`` in its state dict.
@@ -102,11 +102,6 @@ class ScaffoldPayload(WeightsPayload):
     """
 
     control: dict[str, Tensor] = dataclasses.field(default_factory=dict)
-
-    def validate_control(self, reference: Mapping[str, Tensor], sender: str = "client") -> None:
-        """Validate values, then the control variate's keys, shapes and dtype kinds against ``reference``."""
-        self.validate(sender)
-        check_like(sender, "control", self.control, reference, "the model's parameters", "a control variate")
 
 
 class ScaffoldClient(FedAvgClient):
@@ -216,14 +211,16 @@ class ScaffoldServer(FedAvgServer):
         if not self.control_by_architecture:  # a resumed server keeps the c its checkpoint restores
             self.control_by_architecture = self.zeros_per_group(context, CONTROL_VARIATE, "SCAFFOLD")
 
+    def check_upload(self, upload: ClientUpload) -> None:
+        """The global model's layout (FedAvg's check) plus a control variate shaped like the server's ``c``."""
+        payload = upload.expect(ScaffoldPayload, "SCAFFOLD's weights and control variate (ScaffoldPayload)")
+        self.check_weights(upload, payload)
+        reference = self.control_by_architecture[self.group(upload.architecture)]
+        check_like(upload.sender, "control", payload.control, reference, "the model's parameters", "a control variate")
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        for upload in uploads:
-            if not isinstance(upload.payload, ScaffoldPayload):
-                raise TrainingError(f"client {upload.client_id} sent {type(upload.payload).__name__}, not SCAFFOLD's")
-            reference = self.control_by_architecture[self.group(upload.architecture)]
-            upload.payload.validate_control(reference, f"client {upload.client_id}")
         previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
-        super().aggregate(round_idx, uploads)  # validates the weights; global <- uniform mean (buffers)
+        super().aggregate(round_idx, uploads)  # global <- uniform mean (buffers)
         for key, members in self.group_uploads(uploads).items():
             control, model, x = self.control_by_architecture[key], self.global_by_architecture[key], previous[key]
             total = self.clients_by_architecture[key]

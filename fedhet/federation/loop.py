@@ -348,10 +348,11 @@ class FederationLoop:
                     upload = attack.poison(upload, self._downloads.get((step_idx, result.client_id)))
                 self.ledger.record_up(upload.nbytes())
                 received.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
+        if step.exchange:
+            self.server.phase = step.phase  # before the screening: what a server expects may depend on it
         uploads = self._screen_uploads(step_idx, received)
 
         if step.exchange:
-            self.server.phase = step.phase
             self._server_round(step_idx, step.phase_step, uploads)
 
         record: dict[str, Any] = {"round": step_idx, "clients": len(selected)}

@@ -60,9 +60,9 @@ def test_fedavg_server_rejects_wrong_shapes_and_nan():
     server = FedAvgServer()
     server.setup(context(initial={"model.w": torch.zeros(2)}))
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(0, [upload(0, WeightsPayload(weights={"w": torch.zeros(3)}, num_examples=1))])
+        server.check_upload(upload(0, WeightsPayload(weights={"w": torch.zeros(3)}, num_examples=1)))
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(0, [upload(0, WeightsPayload(weights={"w": torch.tensor([math.nan, 0.0])}, num_examples=1))])
+        server.check_upload(upload(0, WeightsPayload(weights={"w": torch.tensor([math.nan, 0.0])}, num_examples=1)))
 
 
 def test_fedavg_server_starts_from_client_zero_initialisation():

@@ -199,4 +199,4 @@ def test_fedgen_server_rejects_bad_label_counts(cpu_trainer):
     head = {k: v.clone() for k, v in loop.server.global_head.state_dict().items()}
     bad = HeadCountsPayload(weights=head, label_counts=-torch.ones(10, dtype=torch.long), num_examples=4)
     with pytest.raises(TrainingError, match="label counts"):
-        loop.server.aggregate(0, [upload(0, bad)])
+        loop.server.check_upload(upload(0, bad))

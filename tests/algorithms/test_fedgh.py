@@ -101,11 +101,11 @@ def test_fedgh_server_starts_from_client_zero_head_and_validates():
     server.setup(head_context(3, 2, head_weight=weight))
     assert torch.equal(server.download_for(0).weights["weight"], weight)  # sent before round 0 (HtFLlib)
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(0, [upload(0, class_stats([[1.0, 2.0, 3.0]] * 3, [1, 1, 1]))])
+        server.check_upload(upload(0, class_stats([[1.0, 2.0, 3.0]] * 3, [1, 1, 1])))
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(0, [upload(0, class_stats([[float("inf"), 0.0]] * 3, [1, 1, 1]))])
+        server.check_upload(upload(0, class_stats([[float("inf"), 0.0]] * 3, [1, 1, 1])))
     with pytest.raises(TrainingError, match="counts"):
-        server.aggregate(0, [upload(0, class_stats([[0.0, 0.0]] * 3, [1, -1, 1]))])
+        server.check_upload(upload(0, class_stats([[0.0, 0.0]] * 3, [1, -1, 1])))
 
 
 def test_fedgh_round_sizes_and_clients_take_the_global_head(fedgh_loop):

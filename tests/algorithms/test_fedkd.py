@@ -152,9 +152,9 @@ def test_fedkd_server_rejects_malformed_factors(cpu_trainer):
     bad = dict(good)
     bad["head.weight"] = torch.zeros(3, 3)
     with pytest.raises(TrainingError, match="shape"):
-        loop.server.aggregate(0, [upload(0, SVDStatePayload(dense=bad, num_examples=1))])
+        loop.server.check_upload(upload(0, SVDStatePayload(dense=bad, num_examples=1)))
     factors = {"u": torch.zeros(10, 2), "s": torch.zeros(2), "v": torch.zeros(3, 32)}
     rest = {k: v for k, v in good.items() if k != "head.weight"}
     low = SVDStatePayload(low_rank={"head.weight": factors}, dense=rest)
     with pytest.raises(TrainingError, match="low_rank.head.weight.v"):
-        loop.server.aggregate(0, [upload(0, low)])
+        loop.server.check_upload(upload(0, low))

@@ -237,9 +237,9 @@ def test_server_rejects_malformed_prototypes():
     server = FedKTLServer(TinyGenerator())
     server.setup(_context())
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(0, [_upload(0, torch.zeros(4, 5), [1, 1, 1, 1])])
+        server.check_upload(_upload(0, torch.zeros(4, 5), [1, 1, 1, 1]))
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(0, [_upload(0, torch.full((4, 4), float("nan")), [1, 1, 1, 1])])
+        server.check_upload(_upload(0, torch.full((4, 4), float("nan")), [1, 1, 1, 1]))
 
 
 def test_server_state_round_trips_without_the_generator():

@@ -204,7 +204,7 @@ def test_server_weighted_average_by_hand():
     torch.testing.assert_close(server.round_tau[:, 0], torch.tensor([0.25, 0.75]))
     bad = GeneratorClassifierPayload(num_examples=1, generator=gen, classifier=a_cls, label_counts=torch.ones(3).long())
     with pytest.raises(TrainingError, match="label_counts"):
-        server.aggregate(1, [ClientUpload(0, "cnn_tiny", bad)])
+        server.check_upload(ClientUpload(0, "cnn_tiny", bad))
 
 
 # ------------------------------------------------------------------ whole runs

@@ -96,11 +96,11 @@ def test_fedproc_server_rejects_bad_prototypes():
     weights = {"w": torch.zeros(2)}
     wrong_shape = WeightsAndPrototypesPayload(weights=weights, prototypes=torch.zeros(3, 5), counts=counts)
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(1, [upload(0, wrong_shape)])
+        server.check_upload(upload(0, wrong_shape))
     not_finite = WeightsAndPrototypesPayload(
         weights={"w": torch.zeros(2)}, prototypes=torch.tensor([[float("nan"), 0.0]] * 3), counts=counts
     )
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(1, [upload(0, not_finite)])
+        server.check_upload(upload(0, not_finite))
     with pytest.raises(TrainingError, match="expected weights and prototypes"):
-        server.aggregate(1, [upload(0, WeightsPayload(weights={"w": torch.zeros(2)}))])
+        server.check_upload(upload(0, WeightsPayload(weights={"w": torch.zeros(2)})))

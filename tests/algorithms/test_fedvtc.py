@@ -449,9 +449,9 @@ def test_server_rejects_bad_uploads():
     server = FedVTCServer(finetune_rounds=1)
     server.setup(_context())
     with pytest.raises(TrainingError, match="outside"):
-        server.aggregate(0, [upload(0, _stats([3], [[1.0, 1.0]], [1.0, 1.0]))])
+        server.check_upload(upload(0, _stats([3], [[1.0, 1.0]], [1.0, 1.0])))
     with pytest.raises(TrainingError, match="non-positive"):
-        server.aggregate(0, [upload(0, _stats([0], [[1.0, 1.0]], [0.0, 1.0]))])
+        server.check_upload(upload(0, _stats([0], [[1.0, 1.0]], [0.0, 1.0])))
 
 
 def test_synthetic_set_has_s_over_c_samples_per_class_decoded_from_its_prototype():

@@ -65,10 +65,10 @@ def test_lg_fedavg_rejects_a_head_of_the_wrong_shape_or_nan():
     server.setup(head_context(num_classes=2, feature_dim=1))
     wrong = {"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(0, [upload(0, WeightsPayload(weights=wrong, num_examples=1))])
+        server.check_upload(upload(0, WeightsPayload(weights=wrong, num_examples=1)))
     nan = {"weight": torch.full((2, 1), float("nan")), "bias": torch.zeros(2)}
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(0, [upload(0, WeightsPayload(weights=nan, num_examples=1))])
+        server.check_upload(upload(0, WeightsPayload(weights=nan, num_examples=1)))
 
 
 def test_lg_fedavg_heads_identical_after_download_while_backbones_differ(lg_loop):

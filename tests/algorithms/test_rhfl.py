@@ -125,7 +125,7 @@ def test_rhfl_server_rejects_invalid_losses(bad):
     server = ClientConfidenceServer()
     server.setup(context(num_classes=PUBLIC_CLASSES, num_clients=3))
     with pytest.raises(TrainingError, match="client 0"):
-        server.aggregate(0, [upload(0, PrivateLossPayload(loss=bad, num_examples=1))])
+        server.check_upload(upload(0, PrivateLossPayload(loss=bad, num_examples=1)))
 
 
 def test_rhfl_client_uploads_its_mean_private_sce_loss():

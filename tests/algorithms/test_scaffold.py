@@ -129,9 +129,9 @@ def test_scaffold_server_rejects_a_malformed_control_variate():
         weights={"w": torch.zeros(2), "bn.running_mean": torch.zeros(1)}, control={"w": torch.zeros(3)}
     )
     with pytest.raises(TrainingError, match="client 0"):
-        server.aggregate(0, [upload(0, bad)])
+        server.check_upload(upload(0, bad))
     with pytest.raises(TrainingError, match="control variate"):
-        server.aggregate(0, [upload(1, ScaffoldPayload(weights=bad.weights, control={}))])
+        server.check_upload(upload(1, ScaffoldPayload(weights=bad.weights, control={})))
 
 
 def test_scaffold_server_c_is_the_mean_client_control_variate_in_a_run():
