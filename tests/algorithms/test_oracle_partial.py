@@ -1,4 +1,4 @@
-"""One-step oracles of the partial-sharing methods: Local, FedPer, LG-FedAvg, FedBN, FedRS, Ditto and FML.
+"""One-step oracles of the partial-sharing methods: Local, FedPer, LG-FedAvg, FedBN, FedRS, Ditto, FML, CCVR.
 
 Each shares a different part of the model, or trains with a different local objective, on top of
 FedAvg's example-weighted averaging (McMahan et al.): Local nothing; FedPer (Arivazhagan et al.)
@@ -10,7 +10,9 @@ holds and ``alpha`` for the others; Ditto (Li et al., Algorithm 1) the global mo
 CE, then the personal model on ``CE + lam/2 ||v - w^t||^2`` with ``w^t`` the received global model;
 FML (Shen et al., Eq. 3-4) the meme model, trained with the private one by deep mutual learning
 (``alpha CE + (1 - alpha) KL(p_meme || p)`` and ``beta CE + (1 - beta) KL(p || p_meme)``, each peer's
-prediction a constant in the other's loss, each model's gradient clipped on its own).
+prediction a constant in the other's loss, each model's gradient clipped on its own); CCVR (Luo et
+al., Eq. 3-4) class Gaussians of the features, pooled by the server, from which each client draws
+virtual features to calibrate its head with the extractor frozen.
 
 Two of three BatchNorm clients (client 1 holds classes 0 and 1 only) take two SGD steps each
 from what they received, the server averages their uploads, and client 0 takes two more steps
@@ -46,7 +48,7 @@ from tests.algorithms.test_oracle_fedftg import CHANNELS, EXAMPLES, FORMAT, M, m
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
 #: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
-ORACLE_COVERS = {"local", "fedper", "lg_fedavg", "fedbn", "fedrs", "ditto", "fml"}
+ORACLE_COVERS = {"local", "fedper", "lg_fedavg", "fedbn", "fedrs", "ditto", "fml", "ccvr"}
 
 LR, ALPHA, LAM, STEPS = 0.1, 0.5, 0.7, 2
 HPARAMS = {"fedrs": {"alpha": ALPHA}, "ditto": {"lam": LAM}}
@@ -123,7 +125,7 @@ def oracle_client(method: str, state: dict, download, data) -> dict:
     return expected
 
 
-@pytest.mark.parametrize("method", sorted(ORACLE_COVERS - {"fml"}))
+@pytest.mark.parametrize("method", sorted(ORACLE_COVERS - {"fml", "ccvr"}))
 def test_partial_sharing_method_matches_the_oracle(method):
     """Two clients' round, the aggregate, and client 0's next round, each against the oracle."""
     algorithm = get_algorithm(method)(lr=LR, **HPARAMS.get(method, {}))
@@ -223,3 +225,92 @@ def test_fml_matches_the_oracle(max_grad_norm):
     state = clone(modules[0].client_state())
     client_step(modules[0], download, client_data(0), round_idx=1, state=state, epochs=STEPS, upload=False)
     assert_states_close(modules[0].client_state(), oracle(state, download, client_data(0)), "FML client 0, round 1")
+
+
+# ---------------------------------------------------------------------- CCVR (Luo et al., NeurIPS 2021, Eq. 3-4)
+def test_ccvr_matches_the_oracle():
+    """Gaussian class statistics up, pooled by Eq. 3-4, then CE and the head calibrated on virtual features."""
+    jitter, per_class, calibration_lr = 1e-2, 5, 0.3
+    algorithm = get_algorithm("ccvr")(
+        lr=LR, jitter=jitter, virtual_per_class=per_class, calibration_lr=calibration_lr, calibration_batch_size=8
+    )
+    algorithm.configure(FORMAT)
+    modules = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M) for cid in range(2)]
+    server = algorithm.build_server()
+    server.setup(make_context(algorithm))
+    data = [batch(cid, size=12) for cid in range(2)]
+    data[1] = (data[1][0], data[1][1] % 2)  # client 1 holds classes 0 and 1 only
+
+    def ce_round(state, x, y):
+        net = net_with(without_prefix(state, "model."))
+        sgd_steps(net, lambda n, a, b: F.cross_entropy(n(a), b), (x, y))
+        return net
+
+    uploads, stats = [], []
+    for cid, module in enumerate(modules):
+        state = clone(module.client_state())
+        payload = client_step(module, server.download_for(cid), data[cid], num_examples=12, epochs=STEPS)
+        net = ce_round(state, *data[cid])
+        assert_states_close(module.client_state(), prefixed(net.state_dict(), "model."), f"CCVR client {cid}")
+        net.eval()
+        with torch.no_grad():
+            z = net.forward_features(data[cid][0]).double()
+        y = data[cid][1]
+        counts = torch.bincount(y, minlength=M)
+        means = torch.stack([z[y == c].mean(0) if counts[c] else torch.zeros(8, dtype=z.dtype) for c in range(M)])
+        covs = torch.stack(
+            [torch.cov(z[y == c].t()) if counts[c] > 1 else torch.zeros(8, 8, dtype=z.dtype) for c in range(M)]
+        )  # unbiased
+        assert_states_close(
+            {"means": payload.means, "covariances": payload.covariances, "counts": payload.counts},
+            {"means": means.float(), "covariances": covs.float(), "counts": counts},
+            f"CCVR client {cid} upload",
+        )
+        uploads.append(ClientUpload(cid, "tiny", payload))
+        stats.append((means, covs, counts))
+
+    server_step(server, 0, uploads)
+    download = server.download_for(0)
+    # Eq. 3: mu = sum n_k mu_k / N
+    # Eq. 4: Sigma = sum (n_k - 1)/(N - 1) Sigma_k + sum n_k/(N - 1) mu_k mu_k^T - N/(N - 1) mu mu^T
+    pooled_mu, pooled_sigma = torch.zeros(M, 8, dtype=torch.float64), torch.zeros(M, 8, 8, dtype=torch.float64)
+    for c in range(M):
+        n = [float(s[2][c]) for s in stats]
+        total = sum(n)
+        mu = sum(nk * s[0][c] for nk, s in zip(n, stats, strict=True)) / total
+        sigma = sum(
+            (nk - 1) / (total - 1) * s[1][c] + nk / (total - 1) * torch.outer(s[0][c], s[0][c])
+            for nk, s in zip(n, stats, strict=True)
+            if nk > 0
+        )
+        pooled_mu[c], pooled_sigma[c] = mu, sigma - total / (total - 1) * torch.outer(mu, mu)
+    assert_states_close(
+        {"means": download.means, "covariances": download.covariances},
+        {"means": pooled_mu.float(), "covariances": pooled_sigma.float()},
+        "CCVR pooled Gaussians",
+        atol=1e-5,
+    )
+
+    state = clone(modules[0].client_state())
+    recorded: dict = {}
+    client_step(modules[0], download, data[0], round_idx=1, state=state, epochs=STEPS, upload=False, batches=recorded)
+    net = ce_round(state, *data[0])
+    # the virtual features: per class c, mu_c + L eps with L L^T = Sigma_c + jitter I, eps ~ N(0, I) in float64
+    generator = torch.Generator().manual_seed(1001)  # the calibration stage's seed (client_step: 1000 + stage index)
+    virtual = []
+    for c in range(M):
+        sigma = download.covariances[c].double()
+        factor = torch.linalg.cholesky(0.5 * (sigma + sigma.t()) + jitter * torch.eye(8, dtype=torch.float64))
+        eps = torch.randn(per_class, 8, generator=generator, dtype=torch.float64)
+        virtual.append((download.means[c].double() + eps @ factor.t()).float())
+    seen = torch.cat([b[0] for b in recorded["calibrate"]])
+    labels = torch.cat([b[1] for b in recorded["calibrate"]])
+    mine = torch.cat(virtual)
+    order_seen, order_mine = seen[:, 0].argsort(), mine[:, 0].argsort()
+    assert torch.allclose(seen[order_seen], mine[order_mine], atol=1e-5), "virtual features differ"
+    assert torch.equal(labels[order_seen], torch.arange(M).repeat_interleave(per_class)[order_mine])
+    head = net.head  # the extractor frozen: only the head steps on the virtual features
+    for features, y in recorded["calibrate"]:
+        F.cross_entropy(head(features), y).backward()
+        sgd_step(head.parameters(), calibration_lr)
+    assert_states_close(modules[0].client_state(), prefixed(net.state_dict(), "model."), "CCVR client 0, round 1")

@@ -1,4 +1,4 @@
-"""One-step oracles of the class-statistic methods FedProto, FD, FedProc and FedGH, against plain PyTorch.
+"""One-step oracles of the class-statistic methods FedProto, FD, FedProc, FedGH and FedTGP, against plain PyTorch.
 
 FedProto (Tan et al., AAAI 2022, Eq. 4-8): a client uploads the per-class mean features of its
 training data (eval mode, after training) with its class counts; the server weights client
@@ -17,7 +17,9 @@ FedProc (Mu et al., FGCS 2023; the FCCL+ authors' code) is FedAvg whose clients 
 class-mean features; from round 1 on they train on ``alpha_t InfoNCE(z; prototypes, tau) +
 (1 - alpha_t) CE`` with cosine similarities and ``alpha_t = 1 - t / (T - 1)``. FedGH (Yi et al.,
 ACM MM 2023, Algorithm 1): clients take the global head, train CE and upload class-mean features;
-the server trains the head on the (prototype, class) pairs with plain SGD.
+the server trains the head on the (prototype, class) pairs with plain SGD. FedTGP (Zhang et al.,
+AAAI 2024, Eq. 4-9): the server trains ``G = fc(relu(W e + b))`` by SGD on the adaptive-margin
+contrastive loss over the uploaded prototypes; clients add ``lam MSE(z, G^y)``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedhet.algorithms import FD, FedGH, FedProc, FedProto
+from fedhet.algorithms import FD, FedGH, FedProc, FedProto, FedTGP
 from fedhet.algorithms.base import ClientUpload, ServerContext
 from tests.algorithms.oracle import (
     TinyBNNet,
@@ -46,7 +48,7 @@ from tests.algorithms.test_oracle_fedftg import CHANNELS, FORMAT, M
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
 #: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
-ORACLE_COVERS = {"fedproto", "fd", "fedproc", "fedgh"}
+ORACLE_COVERS = {"fedproto", "fd", "fedproc", "fedgh", "fedtgp"}
 
 LR, LAM, GAMMA, STEPS = 0.1, 0.7, 0.4, 2
 CASES = {
@@ -292,3 +294,76 @@ def test_fedgh_matches_the_oracle():
     client_step(modules[0], download, client_data(0), round_idx=1, state=state, epochs=STEPS, upload=False)
     expected = oracle(state, head.state_dict(), client_data(0))
     assert_states_close(modules[0].client_state(), expected, "FedGH client 0, round 1")
+
+
+# ---------------------------------------------------------------------- FedTGP (Zhang et al., AAAI 2024)
+def test_fedtgp_matches_the_oracle():
+    """Prototypes up, the adaptive margin and SGD on the margin contrastive loss, the pull to ``G^y`` next round."""
+    server_lr, lam = 0.5, 2.0
+    algorithm = FedTGP(lr=LR, lam=lam, server_lr=server_lr, server_epochs=2, server_batch_size=4)
+    algorithm.configure(FORMAT)
+    modules = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M) for cid in range(2)]
+    server = algorithm.build_server()
+    server.setup(
+        ServerContext(
+            num_clients=2,
+            num_classes=M,
+            architectures=("tiny",) * 2,
+            seed=5,
+            initial_client_state=lambda cid: clone(modules[cid].client_state()),
+            data_format=FORMAT,
+        )
+    )
+    initial = clone(server.state_dict())
+    uploads, sent = [], []
+    for cid, module in enumerate(modules):
+        assert server.download_for(cid) is None  # nothing before the first server phase
+        state = clone(module.client_state())
+        payload = client_step(module, None, client_data(cid), num_examples=6, epochs=STEPS)
+        expected = oracle_client("fedproto", state, client_data(cid))
+        assert_states_close(module.client_state(), expected, f"FedTGP client {cid}")
+        means, counts = oracle_upload("fedproto", expected, client_data(cid))
+        assert_states_close({"values": payload.values}, {"values": means}, "FedTGP upload")
+        uploads.append(ClientUpload(cid, "tiny", payload))
+        sent.append((means, counts))
+
+    (recorder,) = server_step(server, 0, uploads)
+    # Eq. 7: delta = min(max_c min_{c' != c} ||Q^c - Q^c'||, tau), Q^c the plain mean over the holders
+    q, present = oracle_server("fd_mse", sent)  # uniform per-class mean
+    gaps = torch.cdist(q.double(), q.double()) + torch.diag(torch.full((M,), float("inf")))
+    margin = min(float(gaps.min(1).values.max()), 100.0)
+    embeddings = initial["prototypes.embeddings.weight"].clone().requires_grad_(True)
+    layers = {k: initial[f"prototypes.{k}"].clone().requires_grad_(True) for k in ("middle.0.weight", "middle.0.bias")}
+    layers.update({k: initial[f"prototypes.{k}"].clone().requires_grad_(True) for k in ("fc.weight", "fc.bias")})
+    params = [embeddings, *layers.values()]
+
+    def global_prototypes():
+        hidden = torch.relu(embeddings @ layers["middle.0.weight"].t() + layers["middle.0.bias"])
+        return hidden @ layers["fc.weight"].t() + layers["fc.bias"]
+
+    for prototypes, labels in recorder.batches:  # Eq. 8, SGD
+        g = global_prototypes()
+        d = ((prototypes[:, None, :] - g[None, :, :]) ** 2).sum(-1).sqrt()
+        F.cross_entropy(-(d + margin * F.one_hot(labels, M)), labels).backward()
+        sgd_step(params, server_lr)
+    got = server.state_dict()
+    assert abs(float(got["margin"]) - margin) < 1e-5, f"margin {float(got['margin'])} != {margin}"
+    expected_server = {"prototypes.embeddings.weight": embeddings, "seen": present}
+    expected_server.update({f"prototypes.{k}": v for k, v in layers.items()})
+    assert_states_close({k: got[k] for k in expected_server}, expected_server, "FedTGP server")
+    download = server.download_for(0)
+    with torch.no_grad():
+        g = global_prototypes()
+    assert_states_close({"values": download.values}, {"values": g}, "FedTGP global prototypes")
+
+    state = clone(modules[0].client_state())
+    client_step(modules[0], download, client_data(0), round_idx=1, state=state, epochs=STEPS, upload=False)
+    net = TinyBNNet(CHANNELS, M)
+    net.load_state_dict(without_prefix(state, "model."))
+    x, y = client_data(0)
+    for _ in range(STEPS):  # CE + lam MSE(z, G^y) (every class has a global prototype)
+        net.train()
+        z = net.forward_features(x)
+        (F.cross_entropy(net.forward_head(z), y) + lam * ((z - g[y]) ** 2).mean()).backward()
+        sgd_step(net.parameters(), LR)
+    assert_states_close(modules[0].client_state(), prefixed(net.state_dict(), "model."), "FedTGP client 0, round 1")
