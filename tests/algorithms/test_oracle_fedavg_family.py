@@ -40,6 +40,9 @@ from tests.algorithms.test_oracle_fedftg import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+#: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
+ORACLE_COVERS = {"fedavg", "fedprox", "feddyn", "scaffold", "moon"}
+
 STEPS = 2  # local steps per round (one pass over the fixed batch each)
 
 

@@ -54,6 +54,9 @@ from tests.algorithms.oracle import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+#: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
+ORACLE_COVERS = {"fedftg"}
+
 M, CHANNELS, SIZE = 4, 1, 8
 #: Label counts of the three clients; class 3 is held by clients 0 and 1 only, so its
 #: alpha column is (2/3, 1/3, 0); no class is missing (p_t never 0 for a class all hold).

@@ -62,6 +62,9 @@ from tests.algorithms.oracle import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+#: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
+ORACLE_COVERS = {"fedmdcg"}
+
 M, CHANNELS, SIZE, FEATURES = 4, 1, 8, TinyBNNet.num_features
 EXAMPLES = (8, 6, 10)
 SERVER_SEED = 31

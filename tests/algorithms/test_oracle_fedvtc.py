@@ -45,6 +45,9 @@ from tests.algorithms.oracle import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+#: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
+ORACLE_COVERS = {"fedvtc"}
+
 M, SIZE, P = 4, 8, 8  # classes, image side, latent size p = C0 * (SIZE/4)^2 with C0 = 2
 MEAN, STD = 0.3, 0.5  # the scenario's normalisation (non-trivial: pixels and model inputs differ)
 FORMAT = DataFormat(image_size=SIZE, channels=1, mean=(MEAN,), std=(STD,), num_classes=M)
