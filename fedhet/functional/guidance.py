@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch  # noqa: F401 (the examples use it)
 import torch.nn.functional as F
 from torch import Tensor
 
