@@ -118,6 +118,7 @@ def client_step(
     optimizers: dict[str, Any] | None = None,
     batches: dict[str, list[Any]] | None = None,
     epochs: int = 1,
+    batch_size: int | None = None,
 ) -> Payload | None:
     """One client's round as ``ClientRuntime.fit_client`` runs it, on one fixed batch.
 
@@ -128,6 +129,7 @@ def client_step(
     at the start of every step (:class:`RngRecorder`). ``optimizers`` is the client's carried
     optimizer state per stage (``federation.persist_optimizer_state``), read and updated in place
     as the runtime does with :class:`OptimizerStateCarrier`; ``None``: fresh optimizers.
+    ``batch_size`` cuts the fixed data into unshuffled batches in order (default: one batch).
     """
     silence_lightning()
     if state is not None:
@@ -143,7 +145,7 @@ def client_step(
         recorder = RngRecorder()
         carrier = OptimizerStateCarrier(optimizers.get(stage.name) if optimizers is not None else None)
         with seeded(seed):
-            private = DataLoader(TensorDataset(*data), batch_size=len(data[0]), shuffle=False)
+            private = DataLoader(TensorDataset(*data), batch_size=batch_size or len(data[0]), shuffle=False)
             loader = module.stage_dataloader(private, seed)
             stage_trainer(stage, template, [carrier, recorder]).fit(module, train_dataloaders=loader)
         if rng is not None:
