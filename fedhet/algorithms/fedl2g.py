@@ -350,17 +350,13 @@ class FedL2GServer(ServerPhase):
 
     def check_upload(self, upload: ClientUpload) -> None:
         """``[num_classes, dim]`` float32 gradients, 0/1 row marks only for classes the client holds."""
-        sender = f"client {upload.client_id}"
-        if not isinstance(upload.payload, ClassStatsPayload):
-            raise TrainingError(f"{sender} sent {type(upload.payload).__name__}, expected guidance gradients")
+        payload = upload.expect(ClassStatsPayload, "guidance gradients")
         held = None if self.label_counts is None else self.label_counts[upload.client_id]
-        upload.payload.validate_shape(self.num_classes, self.dim, sender, dtype=torch.float32, held=held)
-        if bool((upload.payload.counts > 1).any()):
-            raise TrainingError(f"{sender} sent guidance row marks other than 0 and 1")
+        payload.validate_shape(self.num_classes, self.dim, upload.sender, dtype=torch.float32, held=held)
+        if bool((payload.counts > 1).any()):
+            raise TrainingError(f"{upload.sender} sent guidance row marks other than 0 and 1")
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        for upload in uploads:
-            self.check_upload(upload)
         if not uploads:
             return
         self.guide, self.present = guidance_update(

@@ -39,6 +39,8 @@ from tests.algorithms.oracle import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+ORACLE_COVERS = {"fedl2g_feat", "fedl2g_logit"}
+
 M, CHANNELS, SIZE = 4, 1, 8
 FORMAT = DataFormat(image_size=SIZE, channels=CHANNELS, mean=(0.0,), std=(1.0,), num_classes=M)
 HP = dict(

@@ -36,6 +36,8 @@ from tests.algorithms.oracle import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+ORACLE_COVERS = {"fedmrl"}
+
 M, CHANNELS, SIZE = 4, 1, 8
 FORMAT = DataFormat(image_size=SIZE, channels=CHANNELS, mean=(0.0,), std=(1.0,), num_classes=M)
 EXAMPLES = (8, 6, 10)
