@@ -37,6 +37,7 @@ import math
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -209,11 +210,17 @@ def fit_parser() -> Any:
     return build_parser()
 
 
+#: jsonargparse changes the working directory while it reads a config file (relative paths in it
+#: resolve from the file's folder), so rows tuned in parallel threads parse one at a time.
+PARSE_LOCK = threading.Lock()
+
+
 def resolved_config(config: str, flags: Sequence[str]) -> Any:
     """A config file plus ``fedhet fit`` flags, parsed and checked as ``fedhet fit`` would."""
     from fedhet.config import parse_config, prepare_args
 
-    return parse_config(fit_parser(), prepare_args(["--config", config, *flags]))
+    with PARSE_LOCK:
+        return parse_config(fit_parser(), prepare_args(["--config", config, *flags]))
 
 
 def configured_values(config: str, row_flags: Sequence[str], keys: Sequence[str]) -> dict[str, Any]:
@@ -300,7 +307,10 @@ class RowStudy:
     def __init__(self, label: str, config: str, row_flags: Sequence[str], plan: TuningPlan, root: Path,
                  group: str) -> None:  # fmt: skip
         self.label, self.config, self.row_flags, self.plan = label, config, tuple(row_flags), plan
-        self.root = Path(root)
+        # absolute, and trials start in this directory: parsing a config elsewhere (another row's
+        # thread) briefly changes the process's working directory
+        self.cwd = Path.cwd()
+        self.root = self.cwd / root
         self.group = group
         self.space_spec = search_space(config, row_flags, plan)
         self.space: list[Param] = parse_parameters(self.space_spec) if self.space_spec else []
@@ -379,7 +389,7 @@ class RowStudy:
             with open(log_path, "a", encoding="utf-8") as log:
                 log.write("$ " + shlex.join(command) + "\n")
                 log.flush()
-                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd)
                 while True:
                     code = process.poll()
                     records = read_records(run_dir / "metrics.jsonl")
@@ -469,7 +479,8 @@ def write_selected_config(config: str, row_flags: Sequence[str], params: Mapping
                           header: str) -> None:  # fmt: skip
     """The row's config with its flags and the selected values, resolved into one file ``fedhet fit --config`` runs."""
     resolved = resolved_config(config, [*row_flags, *(override_flag(k, v) for k, v in params.items())])
-    text = fit_parser().dump(resolved, skip_none=False)
+    with PARSE_LOCK:
+        text = fit_parser().dump(resolved, skip_none=False)
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, comment + text)
@@ -489,18 +500,21 @@ def tune_rows(
     from concurrent.futures import ThreadPoolExecutor
 
     studies = [RowStudy(label, config, flags, plan, root, f"tune/{page}/{label}") for label, config, flags in rows]
+    selected_dir = Path.cwd() / selected_dir  # written from threads: see RowStudy
     for study in studies:
+        study.study(0)  # create the storage and each study here, not in two threads at once
         echo(f"{study.label}: searching {', '.join(study.space_spec) or 'nothing (no declared search space)'}")
 
     def one(study: RowStudy) -> StudyResult:
         trials = study.run(env, echo)
         best = select(trials, study.label)
         path = selected_dir / f"{study.label}.yaml"
+        shown = path.relative_to(study.cwd) if path.is_relative_to(study.cwd) else path
         header = (f"{study.label}: selected by the tuning stage of 'fedhet bench --grid' for {page}: trial "
                   f"{best.number} of {plan.trials}, val/{plan.metric} = {best.value:.2f} at seed {plan.seed}.\n"
-                  f"Selected: {json.dumps(best.params)}\nRun: fedhet fit --config {path}")  # fmt: skip
+                  f"Selected: {json.dumps(best.params)}\nRun: fedhet fit --config {shown}")  # fmt: skip
         write_selected_config(study.config, study.row_flags, best.params, path, header)
-        return StudyResult(study.label, study.space_spec, list(trials), best, str(path))
+        return StudyResult(study.label, study.space_spec, list(trials), best, str(shown))
 
     if jobs <= 1:
         results = [one(s) for s in studies]

@@ -101,15 +101,20 @@ def test_tuning_section_errors_are_one_line():
 
 
 # ---------------------------------------------------------------------------------------------- studies
-def _tune(tmp_path: Path, plan: TuningPlan, root: str = "runs", rows: int = 1) -> dict:
+def _tune(tmp_path: Path, plan: TuningPlan, root: str = "runs", rows: int = 1, jobs: int = 1) -> dict:
     rows = [("a", FEDAVG, ()), ("b", FEDAVG, ("--rounds=2",))][:rows]
     return tune_rows(rows, plan, tmp_path / root, tmp_path / "selected", "page", env=dict(__import__("os").environ),
-                     echo=lambda _: None)  # fmt: skip
+                     jobs=jobs, echo=lambda _: None)  # fmt: skip
 
 
-def test_each_row_gets_the_same_trials_and_selects_its_best_validation_value(tmp_path, fake_fit):
-    """Every row runs the budget; the selected trial is the best on validation and becomes a config."""
-    results = _tune(tmp_path, _plan(), rows=2)
+def test_each_row_gets_the_same_trials_and_selects_its_best_validation_value(tmp_path, fake_fit, monkeypatch):
+    """Every row runs the budget; the selected trial is the best on validation and becomes a config.
+
+    Two rows in parallel threads, with relative config paths (parsing one changes the working directory).
+    """
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys.modules[__name__], "FEDAVG", "configs/experiments/digits_dir/fedavg.yaml")
+    results = _tune(tmp_path, _plan(), rows=2, jobs=2)
     assert set(results) == {"a", "b"}
     for label, result in results.items():
         assert [t.number for t in result.trials] == [0, 1, 2, 3]
