@@ -46,7 +46,7 @@ from fedhet.algorithms.base import (
     ServerRefinement,
     hparams_for,
 )
-from fedhet.algorithms.common import FedAvgServer
+from fedhet.algorithms.shared.common import FedAvgServer
 from fedhet.core.payloads import WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError
