@@ -84,7 +84,7 @@ TESTS.update({method: [path] for method, path in ORACLE_ONLY.items()})
 
 FCCLP, XCORR, FCCL_F = (
     "fedhet/algorithms/fccl_plus.py",
-    "fedhet/algorithms/cross_correlation.py",
+    "fedhet/algorithms/shared/cross_correlation.py",
     "fedhet/functional/fccl.py",
 )
 KTL, ETF = "fedhet/algorithms/fedktl.py", "fedhet/functional/etf.py"
@@ -138,7 +138,7 @@ MUTANTS = [
     ),
     Mutant(
         "fccl_plus",
-        "fedhet/algorithms/common.py",
+        "fedhet/algorithms/shared/common.py",
         "self.previous_model.train(self.hp.teacher_train_mode)",
         "self.previous_model.train(not self.hp.teacher_train_mode)",
         "train/eval swap (teacher)",
@@ -329,7 +329,7 @@ MUTANTS = [
 ]
 
 
-COMMON = "fedhet/algorithms/common.py"
+COMMON = "fedhet/algorithms/shared/common.py"
 MUTANTS += [
     # ---------------------------------------------------------------- other oracles (spot checks)
     Mutant(

@@ -29,7 +29,7 @@ A method lives in one file, ``fedhet/algorithms/<method>.py``, and defines:
 
 What a server may know is its :class:`ServerContext` (architectures, a model factory, the data
 format, the clients' label counts, the public data). Building blocks several methods share live
-in :mod:`fedhet.algorithms.common`.
+in :mod:`fedhet.algorithms.shared.common`.
 
 A method file holds no round loop, sampling, partitioning, file I/O or printing; its math lives
 in :mod:`fedhet.functional` when two methods share it. ``docs/adding_a_method.md`` walks through
@@ -148,15 +148,14 @@ class ServerContext:
         initial_client_state: ``(client_id) -> state dict`` of that client's module before training.
         data_format: the image format (size, channels, normalisation).
         label_counts: ``[num_clients, num_classes]`` training examples per class of every client,
-            counted once by the runtime from the training splits. A method that uses them says in
-            :attr:`Algorithm.label_counts_uploaded` whether they count as uploaded bytes. ``None``
+            counted once by the runtime from the training splits. A server that uses them as the
+            clients' upload returns them from :meth:`ServerPhase.setup_uploads`, so that they count
+            as uploaded bytes. ``None``
             for scenarios that generate clients on demand (``SyntheticScenario``): read them with
             :meth:`client_label_counts`, which counts them on first use.
         model_factory: ``(architecture, seed) -> nn.Module``: a client network of that architecture
             exactly as the method builds it (channels, classes, feature dimension, wrappers).
         public_loader: ``(seed) -> loader`` of the scenario's unlabeled public data, or ``None``.
-        rounds: the number of federated rounds (0: unknown), for servers whose message after the
-            last round differs (FedVTC sends nothing before its end-of-training exchange).
         aggregate_states: ``(state dicts, example counts) -> state dict``, the rule the
             weight-averaging servers combine a group's uploads with (``federation.aggregator``;
             ``None``: the example-weighted mean). Only servers whose
@@ -173,7 +172,6 @@ class ServerContext:
     model_factory: Callable[[str, int], nn.Module] | None = None
     public_loader: Callable[[int], Iterable[Any]] | None = None
     label_counts_source: Callable[[], Tensor] | None = None
-    rounds: int = 0
     aggregate_states: Callable[[Sequence[Mapping[str, Tensor]], Sequence[float]], dict[str, Tensor]] | None = None
 
     def client_label_counts(self) -> Tensor | None:
@@ -431,17 +429,33 @@ class ServerPhase:
     """A server round: ``aggregate(uploads)`` -> trained :meth:`refine_stages` -> ``download_for``.
 
     The closed-form part keeps its state (global weights, global prototypes ...) in tensors and
-    returns it from :meth:`state_dict` so that round checkpoints restore it exactly. Trained parts
+    returns it from :meth:`server_state` so that round checkpoints restore it exactly. Trained parts
     are :class:`RefineStage` LightningModules the loop fits after ``aggregate`` with the
     ``server_trainer`` template and the stage's own budget (never the clients' Trainer settings).
-    The loop sets :attr:`phase` to the run phase of the step being aggregated.
+    The loop sets :attr:`phase` and :attr:`round_idx` to the run phase and step being aggregated,
+    and :attr:`total_rounds` to the run's federated rounds (as on every client), so a server whose
+    message after the last round differs (FedVTC) reads the budget where every part reads it.
+
+    The server's hooks carry their own names (:meth:`setup_server`, :meth:`server_state`,
+    :meth:`load_server_state`) so that a server which is also a LightningModule
+    (:class:`TrainableServerPhase`) keeps Lightning's ``setup(stage)`` and ``state_dict()`` with
+    their Lightning meaning: one name, one meaning, no dispatch on argument types.
     """
 
     #: The run phase of the current step (``"federation"`` during the rounds).
     phase: str = "federation"
+    #: The index within its run phase of the step last aggregated (the federated round during the rounds).
+    round_idx: int = 0
+    #: The run's number of federated rounds, as the clients see it (0 until a loop sets it).
+    total_rounds: int = 0
 
-    def setup(self, context: ServerContext) -> None:
-        """Called once before round 0 (and again on resume, before ``load_state_dict``)."""
+    def setup_server(self, context: ServerContext) -> None:
+        """Build the server state from the run's context; kept as :attr:`context`.
+
+        Called once before round 0, and again on resume before :meth:`load_server_state`.
+        Overrides call ``super().setup_server(context)`` when they read ``self.context`` later.
+        """
+        self.context = context
 
     def check_upload(self, upload: ClientUpload) -> None:
         """Raise a one-line :class:`TrainingError` naming the sender unless this server expects ``upload``.
@@ -485,11 +499,21 @@ class ServerPhase:
         """Scalars logged under ``server/`` after the server phase."""
         return {}
 
-    def state_dict(self) -> dict[str, Any]:
+    def setup_uploads(self) -> Sequence[Payload]:
+        """What the clients sent once, before the first round, for this server's set-up (default: nothing).
+
+        A server that needs something of every client before training (FedFTG's per-client label
+        counts) returns it here as payloads, after :meth:`setup_server`; the loop counts their bytes
+        in the first step's uploads, measured like every transfer.
+        """
+        return ()
+
+    def server_state(self) -> dict[str, Any]:
+        """What persists across rounds (tensors and plain values), saved in every round checkpoint."""
         return {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`server_state` returned (after :meth:`setup_server`)."""
 
 
 class RefineStage(pl.LightningModule):
@@ -518,26 +542,21 @@ class TrainableServerPhase(RefineStage, ServerPhase):
     """A server that is its own refine stage (FedGen, FedGH, FedTGP, FedKTL).
 
     ``aggregate(round, uploads)`` sets the round up, the loop fits the module on
-    :meth:`server_dataloader`, then asks :meth:`download_for` for every client.
+    :meth:`server_dataloader`, then asks :meth:`download_for` for every client. Lightning's
+    ``setup(stage)``, ``state_dict()`` and ``load_state_dict()`` keep their Lightning meaning;
+    the loop calls the server's own :meth:`setup_server`, :meth:`server_state` and
+    :meth:`load_server_state`.
     """
-
-    def setup(self, context: ServerContext | str | None = None, stage: str | None = None) -> None:  # type: ignore[override]
-        """The loop's ``setup(context)`` goes to :meth:`setup_server`; Lightning's ``setup(stage)`` does nothing."""
-        if isinstance(context, ServerContext):
-            self.context = context
-            self.setup_server(context)
-
-    def setup_server(self, context: ServerContext) -> None:
-        """Build the server state from the run's context (once before round 0, and again on resume)."""
 
     def refine_stages(self) -> Sequence[RefineStage]:
         return (self,)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
-        return pl.LightningModule.state_dict(self, *args, **kwargs)
+    def server_state(self) -> dict[str, Any]:
+        """The module's state dict (its parameters and buffers); override to leave out what setup rebuilds."""
+        return self.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
-        return pl.LightningModule.load_state_dict(self, state, strict=strict, assign=assign)
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        self.load_state_dict(state)
 
 
 class ServerRefinement(RefineStage):
@@ -552,6 +571,10 @@ class ServerRefinement(RefineStage):
         """Remember the base server and build what the refinement needs."""
         self.base = base
         self.context = context
+
+    def setup_uploads(self) -> Sequence[Payload]:
+        """What the clients sent once, before round 0, for the refinement (:meth:`ServerPhase.setup_uploads`)."""
+        return ()
 
     def begin_round(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         """Set the round's refinement up from the uploads (teachers, label counts ...)."""
@@ -575,8 +598,9 @@ class RefinedServer(ServerPhase):
         self.base = base
         self.refinement = refinement
 
-    def setup(self, context: ServerContext) -> None:
-        self.base.setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
+        self.base.setup_server(context)
         self.refinement.attach(self.base, context)
 
     def check_upload(self, upload: ClientUpload) -> None:
@@ -601,11 +625,14 @@ class RefinedServer(ServerPhase):
     def metrics(self) -> dict[str, float]:
         return {**self.base.metrics(), **self.refinement.metrics()}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"base": self.base.state_dict(), "refinement": self.refinement.refinement_state()}
+    def setup_uploads(self) -> Sequence[Payload]:
+        return (*self.base.setup_uploads(), *self.refinement.setup_uploads())
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.base.load_state_dict(state["base"])
+    def server_state(self) -> dict[str, Any]:
+        return {"base": self.base.server_state(), "refinement": self.refinement.refinement_state()}
+
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        self.base.load_server_state(state["base"])
         self.refinement.load_refinement_state(state["refinement"])
 
 
@@ -741,9 +768,6 @@ class Algorithm:
     #: What the loop evaluates: client models after the download (``"clients"``), before it
     #: (``"clients_before_download"``, FedMD-CG's L.acc), and the server's models once (``"server"``).
     evaluation: ClassVar[tuple[EvaluationTarget, ...]] = ("clients",)
-    #: Whether the server's per-client label counts (``ServerContext.label_counts``) count as
-    #: uploaded bytes; they are sent once, before round 0, when they do.
-    label_counts_uploaded: ClassVar[bool] = False
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -811,7 +835,7 @@ class Algorithm:
 
         Default: the server's own (:meth:`ServerPhase.server_models`). A method may instead build
         models from the clients' stored states, to evaluate only and never send (FedMD-CG's
-        virtual global model, :class:`fedhet.algorithms.common.AveragedClientModels`).
+        virtual global model, :class:`fedhet.algorithms.shared.common.AveragedClientModels`).
         """
         return server.server_models()
 
@@ -881,7 +905,6 @@ class ServerPlugin(Algorithm):
         self.upload_type = base.upload_type  # type: ignore[misc]
         self.download_type = base.download_type  # type: ignore[misc]
         self.evaluation = base.evaluation  # type: ignore[misc]
-        self.label_counts_uploaded = type(self).label_counts_uploaded or base.label_counts_uploaded  # type: ignore[misc]
 
     @property
     def name(self) -> str:

@@ -48,7 +48,7 @@ from fedhet.algorithms.base import (
     ServerPhase,
     build_optimizer,
 )
-from fedhet.algorithms.common import head_weights
+from fedhet.algorithms.shared.common import head_weights
 from fedhet.core.payloads import Payload, check_counts, check_tensor, held_class_nbytes
 from fedhet.errors import ConfigError
 from fedhet.functional.calibration import class_gaussian_stats, pool_class_gaussians
@@ -196,7 +196,7 @@ class CCVRServer(ServerPhase):
         self.covariances: Tensor | None = None
         self.counts: Tensor | None = None
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.num_classes = context.num_classes
         head = head_weights(context.initial_client_state(0))
         if "weight" not in head:
@@ -233,12 +233,12 @@ class CCVRServer(ServerPhase):
             return None
         return GaussianStatsPayload(means=self.means, covariances=self.covariances, counts=self.counts)
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         if self.means is None:
             return {}
         return {"means": self.means, "covariances": self.covariances, "counts": self.counts}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.means = state.get("means")
         self.covariances = state.get("covariances")
         self.counts = state.get("counts")

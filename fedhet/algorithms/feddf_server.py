@@ -55,7 +55,7 @@ from fedhet.algorithms.base import (
     ServerRefinement,
     hparams_for,
 )
-from fedhet.algorithms.common import FedAvgServer, batch_norm_layers, freeze_batch_norm
+from fedhet.algorithms.shared.common import FedAvgServer, batch_norm_layers, freeze_batch_norm
 from fedhet.core.payloads import WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
+from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import linear_term, proximal_term
 from fedhet.hparams import Hyperparameters, LocalOptimizer, Momentum, PositiveFloat, categorical, knob, log_uniform
@@ -159,8 +159,8 @@ class FedDynServer(FedAvgServer):
         self.h_by_architecture: dict[str, dict[str, Tensor]] = {}
         self.clients_by_architecture: dict[str, int] = {}
 
-    def setup(self, context: ServerContext) -> None:
-        super().setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.clients_by_architecture = self.group_sizes()
         if not self.h_by_architecture:  # a resumed server keeps the h its checkpoint restores
             self.h_by_architecture = self.zeros_per_group(context, GRADIENT_STATE, "FedDyn")
@@ -178,11 +178,11 @@ class FedDynServer(FedAvgServer):
                 h[name] = h_new.to(h_old.dtype)
                 mean[name] = (mean[name].double() - h_new / self.hp.alpha).to(mean[name].dtype)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "h_by_architecture": self.h_by_architecture}
+    def server_state(self) -> dict[str, Any]:
+        return {**super().server_state(), "h_by_architecture": self.h_by_architecture}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        super().load_server_state(state)
         self.h_by_architecture = {a: dict(h) for a, h in state["h_by_architecture"].items()}
 
 

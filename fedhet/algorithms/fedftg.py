@@ -9,7 +9,8 @@ FedDyn, SCAFFOLD, MOON: Table 3), whose clients, uploads and closed-form aggrega
 
 Upload: the base method's (the whole local model, BatchNorm buffers included; SCAFFOLD adds its
 control-variate change), plus each client's label counts ``n_k^y``, sent once before training
-(the paper allows it for static data) and charged to round 0's traffic.
+(the paper allows it for static data) as :class:`LabelCountsPayload` s and charged to round 0's
+traffic (:meth:`DataFreeFineTuning.setup_uploads`).
 Download: the *fine-tuned* global model, plus the base method's extras (SCAFFOLD's ``c``).
 Server round (Algorithm 2): the base aggregates; then, with the round's client models as frozen
 teachers (eval mode, their own BatchNorm statistics) and the persistent conditional generator
@@ -56,6 +57,7 @@ is silent or where the code produced the reported numbers):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -75,8 +77,8 @@ from fedhet.algorithms.base import (
     ServerRefinement,
     hparams_for,
 )
-from fedhet.algorithms.common import FedAvgServer, freeze_batch_norm
-from fedhet.core.payloads import WeightsPayload
+from fedhet.algorithms.shared.common import FedAvgServer, freeze_batch_norm
+from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError
 from fedhet.functional.data_free import (
@@ -104,6 +106,13 @@ from fedhet.seeding import derive_seed, seeded
 StudentLoss = Literal["soft_ce", "kl_global_first"]
 GeneratorDiscrepancy = Literal["l1_logits", "kl_global_first"]
 ServerBatchNorm = Literal["train", "frozen"]
+
+
+@dataclass(frozen=True)
+class LabelCountsPayload(Payload):
+    """One client's training examples per class ``n_k^y`` (int64, ``[num_classes]``), sent once before training."""
+
+    counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
 
 @dataclass(frozen=True)
@@ -254,6 +263,12 @@ class DataFreeFineTuning(ServerRefinement):
             )
         self.student = context.model_factory(architecture, context.seed)
         self.architecture = architecture
+
+    def setup_uploads(self) -> Sequence[Payload]:
+        """Every client's label counts, sent once before round 0 (the loop charges them to its traffic)."""
+        counts = self.context.client_label_counts()
+        assert counts is not None
+        return [LabelCountsPayload(counts=row.to(torch.int64)) for row in counts]
 
     def begin_round(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         assert isinstance(self.base, FedAvgServer) and self.context.model_factory is not None
@@ -417,7 +432,6 @@ class FedFTG(ServerPlugin):
     upload_type = WeightsPayload
     download_type = WeightsPayload
     evaluation = ("clients", "server")
-    label_counts_uploaded = True
     refinement_heterogeneous_models = False
 
     def build_refinement(self) -> ServerRefinement:
@@ -436,4 +450,4 @@ class FedFTG(ServerPlugin):
         return {} if model is None else {"plain_average": model}
 
 
-__all__ = ["ConditionalImageGenerator", "DataFreeFineTuning", "FedFTG", "FedFTGHparams"]
+__all__ = ["ConditionalImageGenerator", "DataFreeFineTuning", "FedFTG", "FedFTGHparams", "LabelCountsPayload"]

@@ -70,7 +70,7 @@ from fedhet.algorithms.base import (
     TrainableServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.common import state_with_prefix
+from fedhet.algorithms.shared.common import state_with_prefix
 from fedhet.core.payloads import Payload, WeightsPayload, check_counts
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import TrainingError

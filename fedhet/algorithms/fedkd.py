@@ -57,7 +57,7 @@ from fedhet.algorithms.base import (
     ServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.common import (
+from fedhet.algorithms.shared.common import (
     SeparatelyClippedClient,
     SharedModelHparams,
     SharedWeighting,
@@ -249,7 +249,7 @@ class FedKDServer(ServerPhase):
         self.energy = 1.0
         self.download: SVDStatePayload | None = None
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.global_student = state_with_prefix(context.initial_client_state(0), STUDENT_PREFIX)
 
     def check_upload(self, upload: ClientUpload) -> None:
@@ -279,10 +279,10 @@ class FedKDServer(ServerPhase):
     def metrics(self) -> dict[str, float]:
         return {"energy": self.energy}
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {"global_student": self.global_student, "energy": self.energy, "has_download": self.download is not None}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.global_student = dict(state["global_student"])
         self.energy = float(state["energy"])
         self.download = compress_student(self.global_student, self.energy) if state["has_download"] else None

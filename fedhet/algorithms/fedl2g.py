@@ -70,7 +70,7 @@ from fedhet.algorithms.base import (
     ServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.common import head_weights
+from fedhet.algorithms.shared.common import head_weights
 from fedhet.core.payloads import ClassStatsPayload, Payload
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional.guidance import guidance_loss, guidance_update

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase, hparams_for
-from fedhet.algorithms.common import SharedWeighting, SubmoduleAveragingServer, SubmoduleSharingClient
+from fedhet.algorithms.shared.common import SharedWeighting, SubmoduleAveragingServer, SubmoduleSharingClient
 from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import ConfigError
 from fedhet.functional.matryoshka import matryoshka_loss, nested_prefixes

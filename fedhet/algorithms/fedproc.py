@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import FedAvgClient, FedAvgServer, WeightAveraging, Weighting
+from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, WeightAveraging, Weighting
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
@@ -179,8 +179,8 @@ class FedProcServer(FedAvgServer):
         self.global_prototypes: Tensor | None = None
         self.present: Tensor | None = None
 
-    def setup(self, context: ServerContext) -> None:
-        super().setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.num_classes = context.num_classes
         self.held = context.label_counts
 
@@ -228,14 +228,14 @@ class FedProcServer(FedAvgServer):
             weights=self.weights_for(client_id), prototypes=self.global_prototypes, counts=self.present.long()
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
+    def server_state(self) -> dict[str, Any]:
+        state = super().server_state()
         if self.global_prototypes is not None:
             state.update(global_prototypes=self.global_prototypes, present=self.present)
         return state
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        super().load_server_state(state)
         self.global_prototypes = state.get("global_prototypes")
         self.present = state.get("present")
 

@@ -91,7 +91,7 @@ from fedhet.algorithms.base import (
     build_optimizer,
     hparams_for,
 )
-from fedhet.algorithms.common import batch_norm_layers, freeze_batch_norm, state_with_prefix
+from fedhet.algorithms.shared.common import batch_norm_layers, freeze_batch_norm, state_with_prefix
 from fedhet.core.payloads import Payload, check_like, check_tensor
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError, TrainingError
@@ -640,10 +640,9 @@ class FedVTCServer(ServerPhase):
         self.vtc_averaged = False
         self.broadcast_all = False
         self.finetune_done = 0
-        self.rounds = 0
         self.rounds_done = 0
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         initial = context.initial_client_state(0)
         latent = state_with_prefix(initial, "latent.")
         if "prototypes" not in latent:
@@ -655,7 +654,6 @@ class FedVTCServer(ServerPhase):
             raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS)
         self.sigma = latent["log_sigma"].detach().exp().clone()  # the clients' initial SD (prior_sd)
         self.vtc = clone_state(state_with_prefix(initial, "vtc."))
-        self.rounds = context.rounds
         counts = context.label_counts
         self.owned = (
             counts > 0
@@ -722,7 +720,8 @@ class FedVTCServer(ServerPhase):
     def download_for(self, client_id: int) -> VTCPayload | None:
         if self.phase == FINETUNE and self.finetune_done < self.hp.finetune_rounds:
             return None  # fine-tuning is purely local after the broadcast
-        if self.hp.finetune_rounds and not self.broadcast_all and self.rounds and self.rounds_done == self.rounds:
+        last = self.total_rounds  # the run's federated rounds (set by the loop; 0: unknown)
+        if self.hp.finetune_rounds and not self.broadcast_all and last and self.rounds_done == last:
             return None  # the VTC upload after round T needs nothing from the server
         if self.broadcast_all:
             classes = torch.arange(self.num_classes)
@@ -743,7 +742,7 @@ class FedVTCServer(ServerPhase):
         return {"sigma_mean": float(self.sigma.mean()), "prototype_norm": float(norm),
                 "prototype_min_distance": float(separation)}
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {
             "prototypes": self.prototypes,
             "sigma": self.sigma,
@@ -755,7 +754,7 @@ class FedVTCServer(ServerPhase):
             "rounds_done": self.rounds_done,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.prototypes = state["prototypes"].clone()
         self.sigma = state["sigma"].clone()
         self.vtc = dict(state["vtc"])

@@ -56,7 +56,11 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
+from fedhet.algorithms.shared.common import (
+    PublicDistillationAlgorithm,
+    PublicDistillationHparams,
+    PublicDistillationPhase,
+)
 from fedhet.core.payloads import Payload, check_tensor
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional.distillation import client_confidence_weights, symmetric_cross_entropy, weighted_peer_kl
@@ -171,7 +175,7 @@ class ClientConfidenceServer(ServerPhase):
         self.previous_loss = torch.zeros(0)
         self.confidence = torch.zeros(0)
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.previous_loss = torch.full((context.num_clients,), math.nan)
         self.confidence = torch.full((context.num_clients,), math.nan)
 
@@ -197,10 +201,10 @@ class ClientConfidenceServer(ServerPhase):
     def metrics(self) -> dict[str, float]:
         return {f"confidence/{cid}": float(w) for cid, w in enumerate(self.confidence) if not math.isnan(float(w))}
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {"previous_loss": self.previous_loss, "confidence": self.confidence}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.previous_loss = state["previous_loss"].clone()
         self.confidence = state["confidence"].clone()
 

@@ -62,7 +62,7 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
+from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload, check_like
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError
@@ -205,8 +205,8 @@ class ScaffoldServer(FedAvgServer):
         self.control_by_architecture: dict[str, dict[str, Tensor]] = {}
         self.clients_by_architecture: dict[str, int] = {}
 
-    def setup(self, context: ServerContext) -> None:
-        super().setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.clients_by_architecture = self.group_sizes()
         if not self.control_by_architecture:  # a resumed server keeps the c its checkpoint restores
             self.control_by_architecture = self.zeros_per_group(context, CONTROL_VARIATE, "SCAFFOLD")
@@ -235,11 +235,11 @@ class ScaffoldServer(FedAvgServer):
         key = self.group(self.architectures[client_id])
         return ScaffoldPayload(weights=self.global_by_architecture[key], control=self.control_by_architecture[key])
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "control_by_architecture": self.control_by_architecture}
+    def server_state(self) -> dict[str, Any]:
+        return {**super().server_state(), "control_by_architecture": self.control_by_architecture}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        super().load_server_state(state)
         self.control_by_architecture = {a: dict(c) for a, c in state["control_by_architecture"].items()}
 
 

@@ -234,6 +234,8 @@ class FederationLoop:
         )
         self.executor.start(self.recipe, self.runtime)
         self.server = algorithm.build_server()
+        # the round position the clients get too; set now, so a resumed run's first download sees it
+        self.server.total_rounds = rounds
         aggregator = self.settings.aggregator
         if aggregator.robust and not self.server.supports_aggregator():
             raise ConfigError(
@@ -244,7 +246,7 @@ class FederationLoop:
         #: every dropped upload: ``{"round", "client", "reason"}`` (checkpointed with the run)
         self.dropped_uploads: list[dict[str, Any]] = []
         self._upload_stats: dict[str, float] = {}
-        self.server.setup(self.server_context())
+        self.server.setup_server(self.server_context())
         self.schedule = self._build_schedule()
         self.ledger = CommunicationLedger()
         self.best = BestTracker(scenario.kind, with_server="server" in algorithm.evaluation)
@@ -273,7 +275,6 @@ class FederationLoop:
             label_counts_source=self.runtime.label_counts,
             model_factory=self.runtime.build_network,
             public_loader=public,
-            rounds=self.rounds,
             aggregate_states=self.settings.aggregator if self.settings.aggregator.robust else None,
         )
 
@@ -308,9 +309,10 @@ class FederationLoop:
         step = self.schedule[step_idx]
         started = time.perf_counter()
         self.ledger.start_round()
-        if step_idx == 0 and self.algorithm.label_counts_uploaded:
-            # every client uploads one int64 count per class (the counts themselves are not needed here)
-            self.ledger.record_up(self.scenario.num_classes * 8 * self.scenario.num_clients)
+        if step_idx == 0:
+            # what the clients sent once before the first round for the server's set-up (FedFTG's label counts)
+            for payload in self.server.setup_uploads():
+                self.ledger.record_up(payload.nbytes())
         selected = self._sample(step)
         self._participants = selected
         self._notify("on_round_start", step_idx, len(selected))
@@ -348,8 +350,8 @@ class FederationLoop:
                     upload = attack.poison(upload, self._downloads.get((step_idx, result.client_id)))
                 self.ledger.record_up(upload.nbytes())
                 received.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
-        if step.exchange:
-            self.server.phase = step.phase  # before the screening: what a server expects may depend on it
+        if step.exchange:  # before the screening: what a server expects may depend on it
+            self.server.phase, self.server.round_idx = step.phase, step.phase_step
         uploads = self._screen_uploads(step_idx, received)
 
         if step.exchange:
@@ -690,7 +692,7 @@ class FederationLoop:
         """Everything needed to continue exactly after the last completed step."""
         return {
             "next_round": self.next_round,
-            "server": self.server.state_dict(),
+            "server": self.server.server_state(),
             "store": self.store.checkpoint_state(),
             "ledger": self.ledger.state_dict(),
             "best": self.best.state_dict(),
@@ -702,7 +704,7 @@ class FederationLoop:
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         self.next_round = int(state["next_round"])
-        self.server.load_state_dict(state["server"])
+        self.server.load_server_state(state["server"])
         self.store.restore(state["store"])
         self.ledger.load_state_dict(state["ledger"])
         self.best.load_state_dict(state["best"])

@@ -23,7 +23,7 @@ def _server() -> CCVRServer:
     from tests.algorithms.helpers import head_context
 
     server = CCVRServer()
-    server.setup(head_context(num_classes=2, feature_dim=1))
+    server.setup_server(head_context(num_classes=2, feature_dim=1))
     return server
 
 

@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms import FedAvg, FedDFServer, FedProto, FedProx
 from fedhet.algorithms.base import ClientUpload, ServerContext
-from fedhet.algorithms.common import SubmoduleAveragingServer
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.feddf_server import EnsembleDistillation
+from fedhet.algorithms.shared.common import SubmoduleAveragingServer
 from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import ConfigError
 from tests.algorithms.helpers import TinyLinear, fit
@@ -44,7 +44,7 @@ def _refinement(uploads, temperature=1.0, steps=1) -> tuple[FedAvgServer, Ensemb
     """A FedAvg server of two architectures, aggregated, with the distillation stage set up for ``uploads``."""
     base = FedAvgServer()
     context = _context()
-    base.setup(context)
+    base.setup_server(context)
     refinement = EnsembleDistillation(distill_steps=steps, distill_lr=0.1, temperature=temperature)
     refinement.attach(base, context)
     base.aggregate(0, uploads)

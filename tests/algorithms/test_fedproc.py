@@ -44,7 +44,7 @@ def test_fedproc_constant_schedule_weighs_the_two_losses_by_alpha():
 
 def _server_with_two_uploads(weighting):
     server = FedProcServer(proto_weighting=weighting)
-    server.setup(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
+    server.setup_server(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
     p0 = WeightsAndPrototypesPayload(
         weights={"w": torch.tensor([1.0, 2.0])},
         prototypes=torch.tensor([[2.0, 0.0], [0.0, 0.0], [1.0, 1.0]]),
@@ -75,15 +75,15 @@ def test_fedproc_server_averages_weights_and_prototypes_by_hand():
     # bytes: 2 float32 weights (8) + 2 held rows of 2 float32 (16) + 2 int64 counts (16) = 40
     assert sent.nbytes() == 40
     restored = FedProcServer()
-    restored.setup(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
-    restored.load_state_dict(server.state_dict())
+    restored.setup_server(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
+    restored.load_server_state(server.server_state())
     assert torch.equal(restored.download_for(1).prototypes, download.prototypes)
 
 
 def test_fedproc_first_download_has_weights_and_no_prototypes():
     """Before the first aggregation the download carries the initial weights and a [C, 0] prototype block."""
     server = FedProcServer()
-    server.setup(context(num_classes=3, initial={"model.w": torch.ones(2)}))
+    server.setup_server(context(num_classes=3, initial={"model.w": torch.ones(2)}))
     download = server.download_for(0)
     assert download.prototypes.shape == (3, 0) and int(download.counts.sum()) == 0
     assert download.nbytes() == 8

@@ -53,7 +53,7 @@ def test_weight_averaging_method_matches_the_oracle(base_name):
     algorithm = BASES[base_name]()
     algorithm.configure(FORMAT)
     server = algorithm.build_server()
-    server.setup(make_context(algorithm))
+    server.setup_server(make_context(algorithm))
     template = network(algorithm, 0)
     hp["param_names"] = [k for k, _ in template.named_parameters()]
     initial = server.download_for(0)

@@ -396,7 +396,7 @@ def run_case(switches: dict, stage1_eval_bug: bool = STAGE1_EVAL_AFTER_FIRST_FIT
         model_factory=lambda architecture, seed: TinyBNNet(CHANNELS, M, seed=seed),
     )
     server = algorithm.build_server()
-    server.setup(context)
+    server.setup_server(context)
     assert server.download_for(0) is None  # nothing before the first aggregation (round 0 is plain CE)
 
     # ---- round 0: both stages on every client

@@ -175,7 +175,7 @@ class SubmoduleAveragingServer(ServerPhase):
         """The key clients of ``architecture`` share their average under."""
         return architecture if self.per_architecture else SHARED
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.context = context
         self.architectures = context.architectures
         for client_id, architecture in enumerate(context.architectures):
@@ -259,10 +259,10 @@ class SubmoduleAveragingServer(ServerPhase):
             copy_state_into(self._eval_models[key], weights)
         return dict(self._eval_models)
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {"global_by_architecture": self.global_by_architecture, "aggregated": sorted(self.aggregated)}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.global_by_architecture = {a: dict(w) for a, w in state["global_by_architecture"].items()}
         self.aggregated = set(state.get("aggregated", ()))
 
@@ -514,7 +514,7 @@ class ClassMeanServer(ServerPhase):
         self.global_means: Tensor | None = None
         self.present: Tensor | None = None
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.num_classes = context.num_classes
         self.label_counts = context.label_counts
         if isinstance(self.dim_spec, int):
@@ -552,10 +552,10 @@ class ClassMeanServer(ServerPhase):
             return None
         return ClassStatsPayload(values=self.global_means, counts=self.present.long())
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {} if self.global_means is None else {"global_means": self.global_means, "present": self.present}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.global_means = state.get("global_means")
         self.present = state.get("present")
 

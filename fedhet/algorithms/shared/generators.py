@@ -37,7 +37,7 @@ from fedhet.algorithms.base import (
     TrainableServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.common import AveragedClientModels, state_with_prefix
+from fedhet.algorithms.shared.common import AveragedClientModels, state_with_prefix
 from fedhet.core.payloads import Payload, check_counts, check_like
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError, TrainingError
