@@ -334,7 +334,8 @@ class FedL2GServer(ServerPhase):
         self.guide = torch.zeros(0, 0)
         self.present = torch.zeros(0, dtype=torch.bool)
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.num_classes = context.num_classes
         self.label_counts = context.label_counts
         if self.level == "logit":
@@ -374,10 +375,10 @@ class FedL2GServer(ServerPhase):
         """``guided_classes``: classes whose guidance moved this round."""
         return {"guided_classes": float(self.present.sum())} if self.present.numel() else {}
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {"guide": self.guide, "present": self.present}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.guide = state["guide"].clone()
         self.present = state["present"].clone()
 

@@ -157,7 +157,7 @@ def _bn_distilled(student_bn: str) -> tuple[dict[str, torch.Tensor], dict[str, t
         public_loader=lambda seed: public,
     )
     base = FedAvgServer()
-    base.setup(context)
+    base.setup_server(context)
     refinement = EnsembleDistillation(distill_steps=3, distill_lr=0.1, student_bn=student_bn)
     refinement.attach(base, context)
     uploads = []

@@ -21,7 +21,7 @@ def l2g_server(method, label_counts):
     algorithm = method()
     state = algorithm.build_client(create_model("cnn_tiny", num_classes=M, seed=0), M).client_state()
     server = algorithm.build_server()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=2,
             num_classes=M,
@@ -53,14 +53,14 @@ def test_fedl2g_guidance_shapes_and_the_uploads_it_refuses():
 
 
 def test_fedl2g_server_state_round_trips():
-    """A round's guidance survives state_dict / load_state_dict (checkpoints resume exactly)."""
+    """A round's guidance survives server_state / load_server_state (checkpoints resume exactly)."""
     server = l2g_server(FedL2GFeat, torch.ones(2, M, dtype=torch.long))
     grad = ClassStatsPayload(values=torch.ones(M, 16), counts=torch.tensor([1, 1, 0, 0]))
     server.aggregate(0, [ClientUpload(0, "cnn_tiny", grad)])
     # rows 0 and 1 move by lr * clip(1) = 0.01 (norm sqrt(32) < 100: no clipping); rows 2 and 3 stay
     moved = server.download_for(0).values
     restored = l2g_server(FedL2GFeat, torch.ones(2, M, dtype=torch.long))
-    restored.load_state_dict(server.state_dict())
+    restored.load_server_state(server.server_state())
     assert torch.equal(restored.download_for(1).values, moved)
     assert server.metrics() == {"guided_classes": 2.0}
 
@@ -73,7 +73,7 @@ def test_fedmrl_uploads_only_the_small_model_and_the_server_refuses_other_weight
     assert set(upload.weights) == set(client.small.state_dict())
     server = algorithm.build_server()
     state = client.client_state()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=1, num_classes=M, architectures=("mlp_tiny",), seed=0, initial_client_state=lambda cid: state
         )

@@ -160,7 +160,7 @@ def test_rhfl_matches_the_oracle():
 
     # CCR: q_i = (l_i^(e-1) - l_i^e) / l_i^e, a_i = 1/(K-1) + beta q_i / sum q, w = softmax(a)
     server = algorithm.build_server()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=3,
             num_classes=M,

@@ -220,7 +220,7 @@ def test_fedktl_matches_the_oracle(monkeypatch):
 
     # --- the server round
     server = algorithm.build_server()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=2,
             num_classes=M,

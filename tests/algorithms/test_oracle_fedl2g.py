@@ -136,7 +136,7 @@ def test_fedl2g_matches_the_oracle(level):
     algorithm = METHODS[level](**HP)
     algorithm.configure(FORMAT)
     server = algorithm.build_server()
-    server.setup(make_context(algorithm))
+    server.setup_server(make_context(algorithm))
     guide = server.download_for(0).values.clone()
     assert guide.shape == (M, 8 if level == "feature" else M)
     modules, nets, grads, rows, uploads = [], [], [], [], []

@@ -107,7 +107,7 @@ def test_fedmrl_matches_the_oracle():
     algorithm = FedMRL(**HP)
     algorithm.configure(FORMAT)
     server = algorithm.build_server()
-    server.setup(make_context(algorithm))
+    server.setup_server(make_context(algorithm))
     modules, oracles, uploads = [], [], []
     for cid in range(2):  # client 2 sits the round out
         module = algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M)

@@ -131,7 +131,7 @@ def test_partial_sharing_method_matches_the_oracle(method):
     algorithm = get_algorithm(method)(lr=LR, **HPARAMS.get(method, {}))
     algorithm.configure(FORMAT)
     server = algorithm.build_server()
-    server.setup(make_context(algorithm))
+    server.setup_server(make_context(algorithm))
     modules, uploads, sent = [], [], []
     for cid in range(2):  # client 2 sits the round out
         module = algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M)
@@ -190,7 +190,7 @@ def test_fml_matches_the_oracle(max_grad_norm):
     algorithm.configure(FORMAT)
     server = algorithm.build_server()
     modules = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M) for cid in range(2)]
-    server.setup(make_context(algorithm))
+    server.setup_server(make_context(algorithm))
 
     def oracle(state, download, data):
         net = net_with(without_prefix(state, "model."))
@@ -237,7 +237,7 @@ def test_ccvr_matches_the_oracle():
     algorithm.configure(FORMAT)
     modules = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M) for cid in range(2)]
     server = algorithm.build_server()
-    server.setup(make_context(algorithm))
+    server.setup_server(make_context(algorithm))
     data = [batch(cid, size=12) for cid in range(2)]
     data[1] = (data[1][0], data[1][1] % 2)  # client 1 holds classes 0 and 1 only
 

@@ -123,7 +123,7 @@ def test_class_statistic_method_matches_the_oracle(case):
     algorithm.configure(FORMAT)
     modules = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M) for cid in range(2)]
     server = algorithm.build_server()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=2,
             num_classes=M,
@@ -171,7 +171,7 @@ def test_fedproc_matches_the_oracle():
     algorithm.configure(FORMAT)
     modules = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M) for cid in range(2)]
     server = algorithm.build_server()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=2,
             num_classes=M,
@@ -244,7 +244,7 @@ def test_fedgh_matches_the_oracle():
     modules = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M) for cid in range(2)]
     initial_head = without_prefix(clone(modules[0].client_state()), "model.head.")
     server = algorithm.build_server()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=2,
             num_classes=M,
@@ -304,7 +304,7 @@ def test_fedtgp_matches_the_oracle():
     algorithm.configure(FORMAT)
     modules = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M) for cid in range(2)]
     server = algorithm.build_server()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=2,
             num_classes=M,
