@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms import FedAvg
-from fedhet.algorithms.common import model_weights
+from fedhet.algorithms.shared.common import model_weights
 from fedhet.data import DirichletPartitioner, LabelSkewScenario
 from fedhet.federation import FederationLoop, FederationSettings
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning

@@ -55,6 +55,9 @@ METHODS: dict[str, str] = {
     "fedtype": "fedhet.algorithms.FedType",
     "fedbn": "fedhet.algorithms.FedBN",
     "ditto": "fedhet.algorithms.Ditto",
+    "fedmrl": "fedhet.algorithms.FedMRL",
+    "fedl2g_feat": "fedhet.algorithms.FedL2GFeat",
+    "fedl2g_logit": "fedhet.algorithms.FedL2GLogit",
 }
 
 #: Registered model names (``fedhet.models.list_models()``).

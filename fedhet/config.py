@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -165,7 +165,13 @@ def build_parser(prog: str = "fedhet fit") -> Any:
         "--feature_dim",
         type=PositiveInt | None,
         default=None,
-        help="common feature dimension (linear neck on every backbone)",
+        help="common feature dimension: a neck on every backbone whose pooled vector has another size",
+    )
+    parser.add_argument(
+        "--feature_proj",
+        type=Literal["pool", "linear"],
+        default="pool",
+        help="the neck to --feature_dim: pool (HtFLlib's parameter-free AdaptiveAvgPool1d) or linear (learnable)",
     )
     parser.add_subclass_arguments(
         Algorithm, "method", required=True, help=f"the federated method: {', '.join(list_methods())} or a class path"
@@ -527,6 +533,7 @@ class Experiment:
                 rounds=self.config.rounds,
                 persist_optimizer_state=federation.persist_optimizer_state,
                 feature_dim=self.config.feature_dim,
+                feature_proj=self.config.feature_proj,
                 config_yaml=config_yaml,
                 lr_schedule=federation.lr_schedule,
                 rebuild=build_objects_from_yaml,
@@ -543,6 +550,7 @@ class Experiment:
             state_store=state_store,
             recipe=recipe,
             feature_dim=self.config.feature_dim,
+            feature_proj=self.config.feature_proj,
             family_name=self.family_name,
         )
 

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from fedmdcg_privacy import CODE_FLAGS, OUT, scenario  # noqa: E402  (this folder)
 
 from fedhet.algorithms.fedmdcg import FedMDCG  # noqa: E402
-from fedhet.algorithms.shared_generators import GeneratorClassifierServer  # noqa: E402
+from fedhet.algorithms.shared.generators import GeneratorClassifierServer  # noqa: E402
 from fedhet.core.state import clone_state, copy_state_into  # noqa: E402
 from fedhet.federation import FederationLoop, FederationSettings  # noqa: E402
 from fedhet.federation.trainer import TrainerTemplate  # noqa: E402

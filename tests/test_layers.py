@@ -151,16 +151,12 @@ def circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 
 
 def method_files() -> set[str]:
-    """Stems of the files under ``fedhet/algorithms/`` that define a registered method class (``fedhet list``)."""
-    from fedhet.catalog import METHODS
+    """Stems of every file directly in ``fedhet/algorithms/`` but ``base.py``: each is one method's.
 
-    classes = {path.rsplit(".", 1)[1] for path in METHODS.values()}
-    stems = set()
-    for path in (PACKAGE / "algorithms").glob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        if any(isinstance(node, ast.ClassDef) and node.name in classes for node in tree.body):
-            stems.add(path.stem)
-    return stems
+    What several methods share lives in the package ``fedhet/algorithms/shared/``, so a file
+    directly in ``algorithms/`` never needs another (:func:`test_every_file_directly_in_algorithms_is_a_method`).
+    """
+    return {path.stem for path in (PACKAGE / "algorithms").glob("*.py")} - {"__init__", "base"}
 
 
 def method_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
@@ -235,6 +231,22 @@ def test_method_files_import_no_method_file():
     )
     gone = sorted(ALLOWED_METHOD_IMPORTS - found)
     assert not gone, f"fixed, remove from ALLOWED_METHOD_IMPORTS in tests/test_layers.py: {gone}"
+
+
+def test_every_file_directly_in_algorithms_is_a_method():
+    """Each method file defines a registered method class (``fedhet list``); shared code is in ``shared/``."""
+    from fedhet.catalog import METHODS
+
+    classes = {path.rsplit(".", 1)[1] for path in METHODS.values()}
+    without = sorted(
+        stem
+        for stem in method_files()
+        if not any(
+            isinstance(node, ast.ClassDef) and node.name in classes
+            for node in ast.parse((PACKAGE / "algorithms" / f"{stem}.py").read_text(encoding="utf-8")).body
+        )
+    )
+    assert not without, f"not a method's file, move it to fedhet/algorithms/shared/: {without}"
 
 
 def test_nothing_below_the_command_line_imports_it():

@@ -33,9 +33,11 @@ from fedhet.algorithms.fedgen import FedGen
 from fedhet.algorithms.fedgh import FedGH
 from fedhet.algorithms.fedkd import FedKD
 from fedhet.algorithms.fedktl import FedKTL
+from fedhet.algorithms.fedl2g import FedL2GFeat, FedL2GLogit
 from fedhet.algorithms.fedmatch import FedMatch
 from fedhet.algorithms.fedmd import FedMD
 from fedhet.algorithms.fedmdcg import FedMDCG, PaperProtocol
+from fedhet.algorithms.fedmrl import FedMRL
 from fedhet.algorithms.fedper import FedPer
 from fedhet.algorithms.fedproc import FedProc
 from fedhet.algorithms.fedproto import FedProto
@@ -87,6 +89,9 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "fedtype": FedType,
     "fedbn": FedBN,
     "ditto": Ditto,
+    "fedmrl": FedMRL,
+    "fedl2g_feat": FedL2GFeat,
+    "fedl2g_logit": FedL2GLogit,
 }
 
 # A server plugin configured without a base refines FedAvg; set here, where both are imported, so
@@ -132,8 +137,11 @@ __all__ = [
     "FedGen",
     "FedKD",
     "FedKTL",
+    "FedL2GFeat",
+    "FedL2GLogit",
     "FedMD",
     "FedMDCG",
+    "FedMRL",
     "FedMatch",
     "FedPer",
     "FedProc",

@@ -29,7 +29,7 @@ A method lives in one file, ``fedhet/algorithms/<method>.py``, and defines:
 
 What a server may know is its :class:`ServerContext` (architectures, a model factory, the data
 format, the clients' label counts, the public data). Building blocks several methods share live
-in :mod:`fedhet.algorithms.common`.
+in :mod:`fedhet.algorithms.shared.common`.
 
 A method file holds no round loop, sampling, partitioning, file I/O or printing; its math lives
 in :mod:`fedhet.functional` when two methods share it. ``docs/adding_a_method.md`` walks through
@@ -44,7 +44,7 @@ import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import lightning.pytorch as pl
 import torch
@@ -54,10 +54,11 @@ from torch import Tensor, nn
 from fedhet.core.payloads import Payload
 from fedhet.core.reuse import guarded_upload, init_hyperparameters
 from fedhet.core.state import copy_state_into
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, TrainingError
 from fedhet.hparams import Hyperparameters, LocalOptimizer, OptimizerName, knobs, projected
 
 Batch = tuple[Tensor, Tensor]
+P = TypeVar("P", bound=Payload)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,34 @@ class ClientUpload:
     client_id: int
     architecture: str
     payload: Payload
+
+    @property
+    def sender(self) -> str:
+        """``"client <id>"``: how every message about this upload names its sender."""
+        return f"client {self.client_id}"
+
+    def expect(self, payload_type: type[P], what: str) -> P:
+        """The payload, when it is a finite ``payload_type`` with a non-negative example count.
+
+        The common start of every :meth:`ServerPhase.check_upload`: the payload type (``what``
+        names it in the message), finite floating values (:meth:`Payload.validate`, repeated here
+        so that a server driven without the loop checks the same) and ``num_examples >= 0``.
+        The per-field checks against the server's own state follow, with
+        :func:`fedhet.core.payloads.check_tensor`, :func:`~fedhet.core.payloads.check_like` and
+        :func:`~fedhet.core.payloads.check_counts`.
+
+        Raises:
+            TrainingError: one line naming the client and the problem.
+        """
+        if not isinstance(self.payload, payload_type):
+            raise TrainingError(f"{self.sender} sent {type(self.payload).__name__}, expected {what}")
+        count = self.payload.num_examples
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise TrainingError(f"{self.sender} sent an example count of type {type(count).__name__}, expected an int")
+        if count < 0:
+            raise TrainingError(f"{self.sender} sent a negative example count ({count})")
+        self.payload.validate(self.sender)
+        return self.payload
 
 
 @dataclass(frozen=True)
@@ -119,15 +148,14 @@ class ServerContext:
         initial_client_state: ``(client_id) -> state dict`` of that client's module before training.
         data_format: the image format (size, channels, normalisation).
         label_counts: ``[num_clients, num_classes]`` training examples per class of every client,
-            counted once by the runtime from the training splits. A method that uses them says in
-            :attr:`Algorithm.label_counts_uploaded` whether they count as uploaded bytes. ``None``
+            counted once by the runtime from the training splits. A server that uses them as the
+            clients' upload returns them from :meth:`ServerPhase.setup_uploads`, so that they count
+            as uploaded bytes. ``None``
             for scenarios that generate clients on demand (``SyntheticScenario``): read them with
             :meth:`client_label_counts`, which counts them on first use.
         model_factory: ``(architecture, seed) -> nn.Module``: a client network of that architecture
             exactly as the method builds it (channels, classes, feature dimension, wrappers).
         public_loader: ``(seed) -> loader`` of the scenario's unlabeled public data, or ``None``.
-        rounds: the number of federated rounds (0: unknown), for servers whose message after the
-            last round differs (FedVTC sends nothing before its end-of-training exchange).
         aggregate_states: ``(state dicts, example counts) -> state dict``, the rule the
             weight-averaging servers combine a group's uploads with (``federation.aggregator``;
             ``None``: the example-weighted mean). Only servers whose
@@ -144,7 +172,6 @@ class ServerContext:
     model_factory: Callable[[str, int], nn.Module] | None = None
     public_loader: Callable[[int], Iterable[Any]] | None = None
     label_counts_source: Callable[[], Tensor] | None = None
-    rounds: int = 0
     aggregate_states: Callable[[Sequence[Mapping[str, Tensor]], Sequence[float]], dict[str, Tensor]] | None = None
 
     def client_label_counts(self) -> Tensor | None:
@@ -402,17 +429,33 @@ class ServerPhase:
     """A server round: ``aggregate(uploads)`` -> trained :meth:`refine_stages` -> ``download_for``.
 
     The closed-form part keeps its state (global weights, global prototypes ...) in tensors and
-    returns it from :meth:`state_dict` so that round checkpoints restore it exactly. Trained parts
+    returns it from :meth:`server_state` so that round checkpoints restore it exactly. Trained parts
     are :class:`RefineStage` LightningModules the loop fits after ``aggregate`` with the
     ``server_trainer`` template and the stage's own budget (never the clients' Trainer settings).
-    The loop sets :attr:`phase` to the run phase of the step being aggregated.
+    The loop sets :attr:`phase` and :attr:`round_idx` to the run phase and step being aggregated,
+    and :attr:`total_rounds` to the run's federated rounds (as on every client), so a server whose
+    message after the last round differs (FedVTC) reads the budget where every part reads it.
+
+    The server's hooks carry their own names (:meth:`setup_server`, :meth:`server_state`,
+    :meth:`load_server_state`) so that a server which is also a LightningModule
+    (:class:`TrainableServerPhase`) keeps Lightning's ``setup(stage)`` and ``state_dict()`` with
+    their Lightning meaning: one name, one meaning, no dispatch on argument types.
     """
 
     #: The run phase of the current step (``"federation"`` during the rounds).
     phase: str = "federation"
+    #: The index within its run phase of the step last aggregated (the federated round during the rounds).
+    round_idx: int = 0
+    #: The run's number of federated rounds, as the clients see it (0 until a loop sets it).
+    total_rounds: int = 0
 
-    def setup(self, context: ServerContext) -> None:
-        """Called once before round 0 (and again on resume, before ``load_state_dict``)."""
+    def setup_server(self, context: ServerContext) -> None:
+        """Build the server state from the run's context; kept as :attr:`context`.
+
+        Called once before round 0, and again on resume before :meth:`load_server_state`.
+        Overrides call ``super().setup_server(context)`` when they read ``self.context`` later.
+        """
+        self.context = context
 
     def check_upload(self, upload: ClientUpload) -> None:
         """Raise a one-line :class:`TrainingError` naming the sender unless this server expects ``upload``.
@@ -424,6 +467,10 @@ class ServerPhase:
         model, the class count, the feature width), never against another upload, or an
         honest client can be blamed for the first one's fault. The loop has run the generic
         :meth:`Payload.validate` (finite floating tensors) first; the default adds nothing.
+
+        Overrides start with :meth:`ClientUpload.expect` and check each field with the shared
+        helpers of :mod:`fedhet.core.payloads` (``check_like``, ``check_tensor``,
+        ``check_counts``); :meth:`aggregate` then repeats none of it.
         """
 
     def supports_aggregator(self) -> bool:
@@ -452,11 +499,21 @@ class ServerPhase:
         """Scalars logged under ``server/`` after the server phase."""
         return {}
 
-    def state_dict(self) -> dict[str, Any]:
+    def setup_uploads(self) -> Sequence[Payload]:
+        """What the clients sent once, before the first round, for this server's set-up (default: nothing).
+
+        A server that needs something of every client before training (FedFTG's per-client label
+        counts) returns it here as payloads, after :meth:`setup_server`; the loop counts their bytes
+        in the first step's uploads, measured like every transfer.
+        """
+        return ()
+
+    def server_state(self) -> dict[str, Any]:
+        """What persists across rounds (tensors and plain values), saved in every round checkpoint."""
         return {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`server_state` returned (after :meth:`setup_server`)."""
 
 
 class RefineStage(pl.LightningModule):
@@ -485,26 +542,21 @@ class TrainableServerPhase(RefineStage, ServerPhase):
     """A server that is its own refine stage (FedGen, FedGH, FedTGP, FedKTL).
 
     ``aggregate(round, uploads)`` sets the round up, the loop fits the module on
-    :meth:`server_dataloader`, then asks :meth:`download_for` for every client.
+    :meth:`server_dataloader`, then asks :meth:`download_for` for every client. Lightning's
+    ``setup(stage)``, ``state_dict()`` and ``load_state_dict()`` keep their Lightning meaning;
+    the loop calls the server's own :meth:`setup_server`, :meth:`server_state` and
+    :meth:`load_server_state`.
     """
-
-    def setup(self, context: ServerContext | str | None = None, stage: str | None = None) -> None:  # type: ignore[override]
-        """The loop's ``setup(context)`` goes to :meth:`setup_server`; Lightning's ``setup(stage)`` does nothing."""
-        if isinstance(context, ServerContext):
-            self.context = context
-            self.setup_server(context)
-
-    def setup_server(self, context: ServerContext) -> None:
-        """Build the server state from the run's context (once before round 0, and again on resume)."""
 
     def refine_stages(self) -> Sequence[RefineStage]:
         return (self,)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
-        return pl.LightningModule.state_dict(self, *args, **kwargs)
+    def server_state(self) -> dict[str, Any]:
+        """The module's state dict (its parameters and buffers); override to leave out what setup rebuilds."""
+        return self.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
-        return pl.LightningModule.load_state_dict(self, state, strict=strict, assign=assign)
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        self.load_state_dict(state)
 
 
 class ServerRefinement(RefineStage):
@@ -519,6 +571,10 @@ class ServerRefinement(RefineStage):
         """Remember the base server and build what the refinement needs."""
         self.base = base
         self.context = context
+
+    def setup_uploads(self) -> Sequence[Payload]:
+        """What the clients sent once, before round 0, for the refinement (:meth:`ServerPhase.setup_uploads`)."""
+        return ()
 
     def begin_round(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         """Set the round's refinement up from the uploads (teachers, label counts ...)."""
@@ -542,8 +598,9 @@ class RefinedServer(ServerPhase):
         self.base = base
         self.refinement = refinement
 
-    def setup(self, context: ServerContext) -> None:
-        self.base.setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
+        self.base.setup_server(context)
         self.refinement.attach(self.base, context)
 
     def check_upload(self, upload: ClientUpload) -> None:
@@ -568,11 +625,14 @@ class RefinedServer(ServerPhase):
     def metrics(self) -> dict[str, float]:
         return {**self.base.metrics(), **self.refinement.metrics()}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"base": self.base.state_dict(), "refinement": self.refinement.refinement_state()}
+    def setup_uploads(self) -> Sequence[Payload]:
+        return (*self.base.setup_uploads(), *self.refinement.setup_uploads())
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.base.load_state_dict(state["base"])
+    def server_state(self) -> dict[str, Any]:
+        return {"base": self.base.server_state(), "refinement": self.refinement.refinement_state()}
+
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        self.base.load_server_state(state["base"])
         self.refinement.load_refinement_state(state["refinement"])
 
 
@@ -708,9 +768,6 @@ class Algorithm:
     #: What the loop evaluates: client models after the download (``"clients"``), before it
     #: (``"clients_before_download"``, FedMD-CG's L.acc), and the server's models once (``"server"``).
     evaluation: ClassVar[tuple[EvaluationTarget, ...]] = ("clients",)
-    #: Whether the server's per-client label counts (``ServerContext.label_counts``) count as
-    #: uploaded bytes; they are sent once, before round 0, when they do.
-    label_counts_uploaded: ClassVar[bool] = False
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -778,9 +835,18 @@ class Algorithm:
 
         Default: the server's own (:meth:`ServerPhase.server_models`). A method may instead build
         models from the clients' stored states, to evaluate only and never send (FedMD-CG's
-        virtual global model, :class:`fedhet.algorithms.common.AveragedClientModels`).
+        virtual global model, :class:`fedhet.algorithms.shared.common.AveragedClientModels`).
         """
         return server.server_models()
+
+    def reference_models(self, server: ServerPhase) -> dict[str, nn.Module]:
+        """Extra server-side models scored next to ``acc_server`` and logged as ``acc_server_<name>``.
+
+        They are never part of ``acc_server`` and never sent: a reference point for what the
+        server's own processing adds, e.g. FedFTG's plain average before its fine-tuning
+        (``acc_server_plain_average``). Default: none.
+        """
+        return {}
 
     def collaborative_epochs(self) -> int:
         """Epochs over the public set of the collaborative phase per round (0 when there is none)."""
@@ -839,7 +905,6 @@ class ServerPlugin(Algorithm):
         self.upload_type = base.upload_type  # type: ignore[misc]
         self.download_type = base.download_type  # type: ignore[misc]
         self.evaluation = base.evaluation  # type: ignore[misc]
-        self.label_counts_uploaded = type(self).label_counts_uploaded or base.label_counts_uploaded  # type: ignore[misc]
 
     @property
     def name(self) -> str:

@@ -48,9 +48,9 @@ from fedhet.algorithms.base import (
     ServerPhase,
     build_optimizer,
 )
-from fedhet.algorithms.common import head_weights
-from fedhet.core.payloads import Payload, check_shape, held_class_nbytes
-from fedhet.errors import ConfigError, TrainingError
+from fedhet.algorithms.shared.common import head_weights
+from fedhet.core.payloads import Payload, check_counts, check_tensor, held_class_nbytes
+from fedhet.errors import ConfigError
 from fedhet.functional.calibration import class_gaussian_stats, pool_class_gaussians
 from fedhet.hparams import (
     LocalOptimizer,
@@ -83,14 +83,12 @@ class GaussianStatsPayload(Payload):
     def nbytes(self) -> int:
         return held_class_nbytes(self.counts, self.means, self.covariances)
 
-    def validate_shape(self, num_classes: int, dim: int, sender: str) -> None:
-        """Finite values, the declared shapes, non-negative integer counts."""
+    def validate_shape(self, num_classes: int, dim: int, sender: str, held: Tensor | None = None) -> None:
+        """Finite values, float32 means and covariances of the declared shapes, int64 counts within ``held``."""
         self.validate(sender)
-        check_shape(sender, "means", self.means, (num_classes, dim))
-        check_shape(sender, "covariances", self.covariances, (num_classes, dim, dim))
-        check_shape(sender, "counts", self.counts, (num_classes,))
-        if self.counts.is_floating_point() or bool((self.counts < 0).any()):
-            raise TrainingError(f"{sender} sent invalid class counts (must be non-negative integers)")
+        check_tensor(sender, "means", self.means, (num_classes, dim), torch.float32)
+        check_tensor(sender, "covariances", self.covariances, (num_classes, dim, dim), torch.float32)
+        check_counts(sender, "counts", self.counts, num_classes, held)
 
 
 def sampling_factor(covariance: Tensor, jitter: float) -> Tensor:
@@ -192,23 +190,30 @@ class CCVRServer(ServerPhase):
 
     def __init__(self) -> None:
         self.num_classes = 0
+        self.dim = 0  # the feature width p: every head's input width (CCVR needs one feature dimension)
+        self.held: Tensor | None = None  # [clients, classes] examples each client holds, when the context knows
         self.means: Tensor | None = None
         self.covariances: Tensor | None = None
         self.counts: Tensor | None = None
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.num_classes = context.num_classes
         head = head_weights(context.initial_client_state(0))
         if "weight" not in head:
             raise ConfigError("CCVR needs client models with a linear 'head' (FeatureClassifier)")
+        self.dim = int(head["weight"].shape[1])
+        self.held = context.label_counts
+
+    def check_upload(self, upload: ClientUpload) -> None:
+        """``[C, p]`` means, ``[C, p, p]`` covariances (``p``: the heads' input width), counts within what it holds."""
+        payload = upload.expect(GaussianStatsPayload, "class Gaussians (GaussianStatsPayload)")
+        held = None if self.held is None else self.held[upload.client_id]
+        payload.validate_shape(self.num_classes, self.dim, upload.sender, held)
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        dim = uploads[0].payload.means.shape[1]  # type: ignore[attr-defined]
-        for upload in uploads:
-            assert isinstance(upload.payload, GaussianStatsPayload)
-            upload.payload.validate_shape(self.num_classes, dim, f"client {upload.client_id}")
+        dim = self.dim
         if self.means is None:
             self.means = torch.zeros(self.num_classes, dim)
             self.covariances = torch.zeros(self.num_classes, dim, dim)
@@ -228,12 +233,12 @@ class CCVRServer(ServerPhase):
             return None
         return GaussianStatsPayload(means=self.means, covariances=self.covariances, counts=self.counts)
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         if self.means is None:
             return {}
         return {"means": self.means, "covariances": self.covariances, "counts": self.counts}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.means = state.get("means")
         self.covariances = state.get("covariances")
         self.counts = state.get("counts")

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, LocalStage, ServerPhase
-from fedhet.algorithms.common import SubmoduleAveragingServer, SubmoduleSharingClient
+from fedhet.algorithms.shared.common import SubmoduleAveragingServer, SubmoduleSharingClient
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import proximal_term
 from fedhet.hparams import LocalOptimizer, NonNegativeFloat, knob, log_uniform

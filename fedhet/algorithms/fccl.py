@@ -10,7 +10,7 @@ participant sends its logits ``Z_i`` ``[B, C]`` (validated) and receives the mea
 all participants (float32 bytes in the ledger).
 Download: per public batch, ``Zbar``.
 Server phase: none persistent.
-Collaborative phase: FCCL+'s (:class:`~fedhet.algorithms.cross_correlation.CrossCorrelationCollaboration`)
+Collaborative phase: FCCL+'s (:class:`~fedhet.algorithms.shared.cross_correlation.CrossCorrelationCollaboration`)
 with FCCM only: one step per public batch on ``FCCM(Z_i, Zbar)``, Adam 1e-3 created anew per
 step (code). The code's linear per-round lr decay is the platform's ``federation.lr_schedule``
 (it sits in the authors' shared loop and applies to every method).
@@ -54,8 +54,8 @@ from fedhet.algorithms.base import (
     LocalStage,
     RunPhase,
 )
-from fedhet.algorithms.common import PreviousModelClient
-from fedhet.algorithms.cross_correlation import CrossCorrelationCollaboration, CrossCorrelationHparams
+from fedhet.algorithms.shared.common import PreviousModelClient
+from fedhet.algorithms.shared.cross_correlation import CrossCorrelationCollaboration, CrossCorrelationHparams
 from fedhet.core.state import copy_state_into
 from fedhet.functional import dual_domain_distillation
 from fedhet.hparams import NonNegativeFloat, NonNegativeInt, PositiveFloat, knob, log_uniform

@@ -58,8 +58,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule
-from fedhet.algorithms.common import PreviousModelClient, TeacherChoice
-from fedhet.algorithms.cross_correlation import CrossCorrelationCollaboration, CrossCorrelationHparams
+from fedhet.algorithms.shared.common import PreviousModelClient, TeacherChoice
+from fedhet.algorithms.shared.cross_correlation import CrossCorrelationCollaboration, CrossCorrelationHparams
 from fedhet.core.state import copy_state_into
 from fedhet.functional import fntd_loss, kd_loss, weighted_average
 from fedhet.hparams import PositiveFloat, knob, log_uniform

@@ -38,7 +38,7 @@ from typing import Literal
 from torch import Tensor
 
 from fedhet.algorithms.base import Algorithm, Capabilities, ServerPhase
-from fedhet.algorithms.common import ClassMeanRegularizedClient, ClassMeanServer, Weighting
+from fedhet.algorithms.shared.common import ClassMeanRegularizedClient, ClassMeanServer, Weighting
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.functional import logit_cross_entropy
 from fedhet.hparams import LocalOptimizer, NonNegativeFloat, knob, log_uniform

@@ -17,7 +17,7 @@ and rounded rather than left undefined.
 
 from __future__ import annotations
 
-from fedhet.algorithms.common import FedAvgClient, FedAvgServer, WeightAveraging
+from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, WeightAveraging
 
 
 class FedAvg(WeightAveraging):

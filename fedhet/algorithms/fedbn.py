@@ -17,7 +17,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Capabilities, ServerContext
-from fedhet.algorithms.common import SubmoduleAveragingServer, SubmoduleSharingClient, batch_norm_state_keys
+from fedhet.algorithms.shared.common import SubmoduleAveragingServer, SubmoduleSharingClient, batch_norm_state_keys
 from fedhet.core.payloads import WeightsPayload
 
 
@@ -32,8 +32,8 @@ class FedBNClient(SubmoduleSharingClient):
 class FedBNServer(SubmoduleAveragingServer):
     """FedAvg's per-architecture averaging over the non-BatchNorm weights."""
 
-    def setup(self, context: ServerContext) -> None:
-        super().setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         assert context.model_factory is not None, "FedBN's server needs the model factory to find BatchNorm layers"
         for architecture, weights in self.global_by_architecture.items():
             local = batch_norm_state_keys(context.model_factory(architecture, context.seed))

@@ -9,12 +9,12 @@ optimizer). The client schedule follows FedMD-CG's paper, which ran FedCG as a b
 
 Upload: ``(G_i, D_i)`` and the per-class counts (:class:`GeneratorClassifierPayload`, as FedMD-CG).
 Download: the global ``(G, D)`` and the global counts.
-Server phase: trainable (:class:`fedhet.algorithms.shared_generators.GeneratorClassifierServer`
+Server phase: trainable (:class:`fedhet.algorithms.shared.generators.GeneratorClassifierServer`
 with ``aggregation="kd"``): example-weighted average, then ``server_steps`` Adam steps (lr 2e-4, weight
 decay 1e-5) distilling the ensemble into both ``G`` and ``D``:
 ``T^2 KL(softmax(sum_i n_i/n D_i(G_i(z, y)) / T) || softmax(D(G(z, y)) / T))``, batch mean,
 ``T = 10`` (``KD_agg``, ``server_loss_form="hinton"``). FedCG uses the shared server
-(:class:`~fedhet.algorithms.shared_generators.GeneratorClassifierServer`), so its server knobs
+(:class:`~fedhet.algorithms.shared.generators.GeneratorClassifierServer`), so its server knobs
 (``server_loss_form``, ``server_temperature``, ``server_lr``, ``server_weight_decay`` and
 ``server_weight_decay_mode``: Adam's coupled L2 or AdamW) are FedMD-CG's, with FedCG's defaults.
 Client state kept across rounds: ``F_i``, ``D_i`` (overwritten by the download), ``G_i``
@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, LocalStage, ServerPhase
-from fedhet.algorithms.shared_generators import (
+from fedhet.algorithms.shared.generators import (
     Aggregation,
     ConditionalFeatureGenerator,
     GeneratorClassifierClient,

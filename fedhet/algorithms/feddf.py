@@ -36,7 +36,11 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
+from fedhet.algorithms.shared.common import (
+    PublicDistillationAlgorithm,
+    PublicDistillationHparams,
+    PublicDistillationPhase,
+)
 from fedhet.functional.distillation import ensemble_distillation_loss, logit_consensus
 from fedhet.hparams import NonNegativeFloat, OptimizerName, PositiveFloat, knob, log_uniform
 

@@ -39,6 +39,13 @@ Deviations from paper/official code:
   as the official code does with SGD); optimizer weight decay, if set, is added on top;
 * the logged ``train/loss`` is the whole local objective (cross-entropy plus the two penalties),
   which may be negative.
+
+Step size (``docs/diagnoses.md``): the server update ``theta^t = mean - h^t / alpha`` extrapolates
+past the participants' mean (with full participation the first round's step is twice FedAvg's,
+for any ``alpha``), so FedDyn diverges at local steps FedAvg tolerates: on ``digits_dir`` momentum
+0.9 at lr 0.05 ends near chance for every ``alpha`` in {0.001, 0.01, 0.1}, while plain SGD at
+lr 0.05 beats FedAvg at the same optimizer. ``momentum``, ``lr`` and ``alpha`` are declared with
+search spaces so the tuning stage can pick the pair.
 """
 
 from __future__ import annotations
@@ -52,10 +59,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
+from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import linear_term, proximal_term
-from fedhet.hparams import Hyperparameters, LocalOptimizer, PositiveFloat, knob, log_uniform
+from fedhet.hparams import Hyperparameters, LocalOptimizer, Momentum, PositiveFloat, categorical, knob, log_uniform
 
 #: Where a FedDyn client keeps ``grad L_k(theta_k)`` in its state dict.
 GRADIENT_STATE = "gradient_state"
@@ -65,6 +72,12 @@ GRADIENT_STATE = "gradient_state"
 class FedDynHparams(LocalOptimizer):
     """FedDyn's hyperparameters: the local optimizer and ``alpha`` (clients and server read the same one)."""
 
+    momentum: Momentum = knob(
+        0.0,
+        "SGD momentum (the official code: none); searched with lr and alpha: FedDyn's server step "
+        "diverges at large effective local steps (momentum 0.9 on digits_dir, docs/diagnoses.md)",
+        categorical(0.0, 0.5, 0.9),
+    )
     alpha: PositiveFloat = knob(
         0.01,
         "dynamic regularisation coefficient (> 0: the server divides by it; FedFTG and the official code: 0.01)",
@@ -146,8 +159,8 @@ class FedDynServer(FedAvgServer):
         self.h_by_architecture: dict[str, dict[str, Tensor]] = {}
         self.clients_by_architecture: dict[str, int] = {}
 
-    def setup(self, context: ServerContext) -> None:
-        super().setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.clients_by_architecture = self.group_sizes()
         if not self.h_by_architecture:  # a resumed server keeps the h its checkpoint restores
             self.h_by_architecture = self.zeros_per_group(context, GRADIENT_STATE, "FedDyn")
@@ -165,11 +178,11 @@ class FedDynServer(FedAvgServer):
                 h[name] = h_new.to(h_old.dtype)
                 mean[name] = (mean[name].double() - h_new / self.hp.alpha).to(mean[name].dtype)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "h_by_architecture": self.h_by_architecture}
+    def server_state(self) -> dict[str, Any]:
+        return {**super().server_state(), "h_by_architecture": self.h_by_architecture}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        super().load_server_state(state)
         self.h_by_architecture = {a: dict(h) for a, h in state["h_by_architecture"].items()}
 
 

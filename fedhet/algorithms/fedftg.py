@@ -9,7 +9,8 @@ FedDyn, SCAFFOLD, MOON: Table 3), whose clients, uploads and closed-form aggrega
 
 Upload: the base method's (the whole local model, BatchNorm buffers included; SCAFFOLD adds its
 control-variate change), plus each client's label counts ``n_k^y``, sent once before training
-(the paper allows it for static data) and charged to round 0's traffic.
+(the paper allows it for static data) as :class:`LabelCountsPayload` s and charged to round 0's
+traffic (:meth:`DataFreeFineTuning.setup_uploads`).
 Download: the *fine-tuned* global model, plus the base method's extras (SCAFFOLD's ``c``).
 Server round (Algorithm 2): the base aggregates; then, with the round's client models as frozen
 teachers (eval mode, their own BatchNorm statistics) and the persistent conditional generator
@@ -26,7 +27,8 @@ teachers (eval mode, their own BatchNorm statistics) and the persistent conditio
 ``I = 10, I_g = 1, I_d = 5, lambda_cls = lambda_dis = 1``, generator Adam at
 ``0.01 * 0.998^t`` and global-model SGD at ``0.1 * 0.998^t`` with weight decay ``1e-3``, both
 re-created every round (the generator's weights persist). ``acc_server`` evaluates the
-fine-tuned model, the one broadcast.
+fine-tuned model, the one broadcast; ``acc_server_plain_average`` the base's plain average of
+the same round before fine-tuning (evaluation only, :meth:`FedFTG.reference_models`).
 Client state kept across rounds: the base method's.
 
 Deviations from paper/official code (all switchable, defaults follow the code where the paper
@@ -55,6 +57,7 @@ is silent or where the code produced the reported numbers):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -74,8 +77,8 @@ from fedhet.algorithms.base import (
     ServerRefinement,
     hparams_for,
 )
-from fedhet.algorithms.common import FedAvgServer, freeze_batch_norm
-from fedhet.core.payloads import WeightsPayload
+from fedhet.algorithms.shared.common import FedAvgServer, freeze_batch_norm
+from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError
 from fedhet.functional.data_free import (
@@ -103,6 +106,13 @@ from fedhet.seeding import derive_seed, seeded
 StudentLoss = Literal["soft_ce", "kl_global_first"]
 GeneratorDiscrepancy = Literal["l1_logits", "kl_global_first"]
 ServerBatchNorm = Literal["train", "frozen"]
+
+
+@dataclass(frozen=True)
+class LabelCountsPayload(Payload):
+    """One client's training examples per class ``n_k^y`` (int64, ``[num_classes]``), sent once before training."""
+
+    counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
 
 @dataclass(frozen=True)
@@ -220,6 +230,10 @@ class DataFreeFineTuning(ServerRefinement):
         self.label_probs = torch.zeros(0)  # [M] p_t(y)
         self.sums: dict[str, float] = {}  # round totals of the logged terms
         self.counts: dict[str, int] = {}
+        self.plain_average: dict[str, Tensor] | None = None  # the round's aggregate before fine-tuning
+        # the network it is scored in, in a plain list as the teachers: not a submodule, so neither
+        # Lightning's mode switches nor the checkpoint see it
+        self.plain_average_network: list[nn.Module] = []
 
     # ------------------------------------------------------------------ set-up
     def attach(self, base: ServerPhase, context: ServerContext) -> None:
@@ -250,6 +264,12 @@ class DataFreeFineTuning(ServerRefinement):
         self.student = context.model_factory(architecture, context.seed)
         self.architecture = architecture
 
+    def setup_uploads(self) -> Sequence[Payload]:
+        """Every client's label counts, sent once before round 0 (the loop charges them to its traffic)."""
+        counts = self.context.client_label_counts()
+        assert counts is not None
+        return [LabelCountsPayload(counts=row.to(torch.int64)) for row in counts]
+
     def begin_round(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         assert isinstance(self.base, FedAvgServer) and self.context.model_factory is not None
         label_counts = self.context.client_label_counts()
@@ -266,7 +286,19 @@ class DataFreeFineTuning(ServerRefinement):
         self.alpha = class_ensemble_weights(counts, uniform=not self.hp.class_ensemble)
         self.label_probs = label_sampling_distribution(counts, uniform=not self.hp.label_sampling)
         copy_state_into(self.student, self.base.global_by_architecture[self.group])
+        # the plain average before fine-tuning, scored next to the fine-tuned model every round
+        self.plain_average = clone_state(self.base.global_by_architecture[self.group])
         self.sums, self.counts = {}, {}
+
+    def plain_average_model(self) -> nn.Module | None:
+        """The round's plain average (the base's aggregate, before fine-tuning) as a network, for evaluation only."""
+        if self.plain_average is None or self.context.model_factory is None:
+            return None
+        if not self.plain_average_network:
+            self.plain_average_network.append(self.context.model_factory(self.architecture, self.context.seed))
+        network = self.plain_average_network[0]
+        copy_state_into(network, self.plain_average)
+        return network
 
     def should_refine(self) -> bool:
         return self.active_teachers > 0 and self.hp.iterations > 0
@@ -400,11 +432,22 @@ class FedFTG(ServerPlugin):
     upload_type = WeightsPayload
     download_type = WeightsPayload
     evaluation = ("clients", "server")
-    label_counts_uploaded = True
     refinement_heterogeneous_models = False
 
     def build_refinement(self) -> ServerRefinement:
         return DataFreeFineTuning(self.hp)
 
+    def reference_models(self, server: ServerPhase) -> dict[str, nn.Module]:
+        """``plain_average``: the base's aggregate before fine-tuning (``acc_server_plain_average``).
 
-__all__ = ["ConditionalImageGenerator", "DataFreeFineTuning", "FedFTG", "FedFTGHparams"]
+        Logged every round next to ``acc_server`` (the fine-tuned model, the one broadcast), so each
+        round shows what the fine-tuning added or cost.
+        """
+        refinement = getattr(server, "refinement", None)
+        if not isinstance(refinement, DataFreeFineTuning):
+            return {}
+        model = refinement.plain_average_model()
+        return {} if model is None else {"plain_average": model}
+
+
+__all__ = ["ConditionalImageGenerator", "DataFreeFineTuning", "FedFTG", "FedFTGHparams", "LabelCountsPayload"]

@@ -70,8 +70,8 @@ from fedhet.algorithms.base import (
     TrainableServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.common import state_with_prefix
-from fedhet.core.payloads import Payload, WeightsPayload, check_shape
+from fedhet.algorithms.shared.common import state_with_prefix
+from fedhet.core.payloads import Payload, WeightsPayload, check_counts
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import TrainingError
 from fedhet.functional import distillation_kl_loss, diversity_loss, weighted_average
@@ -123,12 +123,12 @@ class HeadCountsPayload(WeightsPayload):
 
     label_counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
-    def validate_head(self, reference: Mapping[str, Tensor], num_classes: int, sender: str = "client") -> None:
-        """Validate the head against ``reference`` and the counts' shape and sign."""
+    def validate_head(
+        self, reference: Mapping[str, Tensor], num_classes: int, sender: str = "client", held: Tensor | None = None
+    ) -> None:
+        """Validate the head against ``reference`` (keys, shapes, dtypes) and ``[C]`` int64 counts within ``held``."""
         self.validate_against(reference, sender)
-        check_shape(sender, "label_counts", self.label_counts, (num_classes,))
-        if self.label_counts.is_floating_point() or bool((self.label_counts < 0).any()):
-            raise TrainingError(f"{sender} sent invalid label counts (must be non-negative integers)")
+        check_counts(sender, "label_counts", self.label_counts, num_classes, held, "label counts")
 
 
 @dataclass(frozen=True)
@@ -247,6 +247,7 @@ class FedGenServer(TrainableServerPhase):
         super().__init__()
         self.hp: Any = hparams_for(type(self), hp, overrides)
         self.num_classes = 0
+        self.held: Tensor | None = None  # [clients, classes] examples each client holds, when the context knows
         self.round_heads: list[dict[str, Tensor]] = []
         self.round_ensemble_weights: Tensor | None = None  # [K, C]
         self.round_counts: Tensor | None = None  # [C]
@@ -258,6 +259,7 @@ class FedGenServer(TrainableServerPhase):
     def setup_server(self, context: ServerContext) -> None:
         head = state_with_prefix(context.initial_client_state(0), HEAD_PREFIX)
         self.num_classes = context.num_classes
+        self.held = context.label_counts
         if "weight" in head:  # the zoo's linear head
             feature_dim = int(head["weight"].shape[1])
             self.global_head: nn.Module = nn.Linear(feature_dim, self.num_classes)
@@ -278,13 +280,16 @@ class FedGenServer(TrainableServerPhase):
         )
         self.register_buffer("rounds_trained", torch.zeros((), dtype=torch.long))
 
+    def check_upload(self, upload: ClientUpload) -> None:
+        """The global head's keys, shapes and dtypes, and ``[C]`` int64 label counts within what the client holds."""
+        payload = upload.expect(HeadCountsPayload, "a head with label counts (HeadCountsPayload)")
+        held = None if self.held is None else self.held[upload.client_id]
+        payload.validate_head(self.global_head.state_dict(), self.num_classes, upload.sender, held)
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        reference = self.global_head.state_dict()
         for upload in uploads:
-            assert isinstance(upload.payload, HeadCountsPayload)
-            upload.payload.validate_head(reference, self.num_classes, f"client {upload.client_id}")
             self.client_label_counts[upload.client_id] = upload.payload.label_counts.to(self.client_label_counts.device)
         heads = [clone_state(u.payload.weights) for u in uploads]  # type: ignore[attr-defined]
         examples = torch.tensor([float(u.payload.num_examples) for u in uploads], dtype=torch.float64)

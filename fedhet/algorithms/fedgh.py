@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Capabilities, ServerContext
-from fedhet.algorithms.common import FedProtoClient, PrototypeServerHparams, PrototypeTrainingServer
+from fedhet.algorithms.shared.common import FedProtoClient, PrototypeServerHparams, PrototypeTrainingServer
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state, copy_state_into
 

@@ -57,14 +57,14 @@ from fedhet.algorithms.base import (
     ServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.common import (
+from fedhet.algorithms.shared.common import (
     SeparatelyClippedClient,
     SharedModelHparams,
     SharedWeighting,
     build_shared_model,
     state_with_prefix,
 )
-from fedhet.core.payloads import Payload, check_shape
+from fedhet.core.payloads import Payload, check_tensor
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import TrainingError
 from fedhet.functional import (
@@ -95,7 +95,13 @@ class SVDStatePayload(Payload):
     energy: float = 1.0
 
     def validate_against(self, reference: Mapping[str, Tensor], sender: str = "client") -> None:
-        """Validate values, then that the entries rebuild exactly the reference's keys and shapes."""
+        """Validate values, then that the entries rebuild exactly the reference's keys, shapes and dtypes.
+
+        Dense entries have the reference's shape and dtype; a factorised entry is a floating
+        matrix of the reference (``[rows, cols]`` after flattening) with ``u [rows, k]``,
+        ``s [k]``, ``v [k, cols]`` in its dtype and ``1 <= k <= min(rows, cols)``; ``energy`` is
+        in ``(0, 1]``.
+        """
         self.validate(sender)
         names = set(self.low_rank) | set(self.dense)
         if names != set(reference) or set(self.low_rank) & set(self.dense):
@@ -103,17 +109,27 @@ class SVDStatePayload(Payload):
                 f"{sender} sent a compressed student whose entries differ from the global student "
                 f"(missing {sorted(set(reference) - names)[:3]}, unexpected {sorted(names - set(reference))[:3]})"
             )
+        if not isinstance(self.energy, (int, float)) or not 0.0 < float(self.energy) <= 1.0:
+            raise TrainingError(f"{sender} sent an SVD energy of {self.energy!r}, expected a number in (0, 1]")
         for name, tensor in self.dense.items():
-            check_shape(sender, f"dense.{name}", tensor, tuple(reference[name].shape))
+            expected = reference[name]
+            check_tensor(sender, f"dense.{name}", tensor, tuple(expected.shape), expected.dtype, "the global student")
         for name, factors in self.low_rank.items():
-            shape = reference[name].shape
+            shape, dtype = reference[name].shape, reference[name].dtype
+            if not reference[name].is_floating_point() or len(shape) < 2:
+                raise TrainingError(f"{sender} sent SVD factors of '{name}', which the global student holds dense")
             rows, cols = shape[0], reference[name].numel() // shape[0]
-            if set(factors) != {"u", "s", "v"}:
+            if not isinstance(factors, Mapping) or set(factors) != {"u", "s", "v"}:
                 raise TrainingError(f"{sender} sent factors of '{name}' without exactly u, s and v")
-            rank = factors["s"].shape[0] if factors["s"].dim() == 1 else -1
-            check_shape(sender, f"low_rank.{name}.s", factors["s"], (rank,))
-            check_shape(sender, f"low_rank.{name}.u", factors["u"], (rows, rank))
-            check_shape(sender, f"low_rank.{name}.v", factors["v"], (rank, cols))
+            rank = factors["s"].shape[0] if isinstance(factors["s"], Tensor) and factors["s"].dim() == 1 else -1
+            if not 1 <= rank <= min(rows, cols):
+                raise TrainingError(
+                    f"{sender} sent 'low_rank.{name}.s' of shape {tuple(getattr(factors['s'], 'shape', ()))}, "
+                    f"expected a rank between 1 and {min(rows, cols)}"
+                )
+            check_tensor(sender, f"low_rank.{name}.s", factors["s"], (rank,), dtype, "the global student")
+            check_tensor(sender, f"low_rank.{name}.u", factors["u"], (rows, rank), dtype, "the global student")
+            check_tensor(sender, f"low_rank.{name}.v", factors["v"], (rank, cols), dtype, "the global student")
 
     def decompressed(self, reference: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """The full state dict the factors stand for, shaped like ``reference``."""
@@ -233,17 +249,19 @@ class FedKDServer(ServerPhase):
         self.energy = 1.0
         self.download: SVDStatePayload | None = None
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.global_student = state_with_prefix(context.initial_client_state(0), STUDENT_PREFIX)
+
+    def check_upload(self, upload: ClientUpload) -> None:
+        """SVD factors and dense tensors that rebuild exactly the global student (keys, shapes, dtypes)."""
+        upload.expect(SVDStatePayload, "a compressed student (SVDStatePayload)").validate_against(
+            self.global_student, upload.sender
+        )
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        states = []
-        for upload in uploads:
-            assert isinstance(upload.payload, SVDStatePayload)
-            upload.payload.validate_against(self.global_student, f"client {upload.client_id}")
-            states.append(upload.payload.decompressed(self.global_student))
+        states = [u.payload.decompressed(self.global_student) for u in uploads]  # type: ignore[attr-defined]
         weights = [u.payload.num_examples if self.hp.student_weighting == "samples" else 1 for u in uploads]
         mean = weighted_average(states, weights)
         if self.hp.compressed_quantity == "update":
@@ -261,10 +279,10 @@ class FedKDServer(ServerPhase):
     def metrics(self) -> dict[str, float]:
         return {"energy": self.energy}
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {"global_student": self.global_student, "energy": self.energy, "has_download": self.download is not None}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.global_student = dict(state["global_student"])
         self.energy = float(state["energy"])
         self.download = compress_student(self.global_student, self.energy) if state["has_download"] else None

@@ -414,6 +414,7 @@ class FedKTLServer(TrainableServerPhase):
         self.in_feature_space = not self.hp.use_etf
         self.mmd_bandwidths = tuple(float(a) for a in self.hp.mmd_bandwidths)
         self.num_classes = 0
+        self.held: Tensor | None = None  # [clients, classes] examples each client holds, when the context knows
         self.transformer: nn.Sequential | None = None
         self.centroids: nn.Embedding | None = None
         self.prototypes = torch.zeros(0, 0)
@@ -427,7 +428,9 @@ class FedKTLServer(TrainableServerPhase):
 
     # ------------------------------------------------------------------ setup and state
     def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.num_classes = context.num_classes
+        self.held = context.label_counts
         dim = self.prototype_dim or context.num_classes
         if self.in_feature_space:
             head = context.initial_client_state(0)["model.head.weight"]
@@ -442,35 +445,33 @@ class FedKTLServer(TrainableServerPhase):
         self.register_buffer("seen", torch.zeros(context.num_classes, dtype=torch.bool))
         self.prototypes = torch.zeros(0, dim)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+    def server_state(self) -> dict[str, Any]:
         """``F``, the centroid table and the classes seen, plus the current pairs; not the frozen generator."""
-        state = {k: v for k, v in super().state_dict(*args, **kwargs).items() if not k.startswith(GENERATOR_PREFIX)}
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith(GENERATOR_PREFIX)}
         if self.pair_images is not None and self.pair_latents is not None:
             state["pair_images"], state["pair_latents"] = self.pair_images, self.pair_latents
         return state
 
-    def load_state_dict(  # type: ignore[override]
-        self, state: Mapping[str, Any], strict: bool = True, assign: bool = False
-    ) -> Any:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         state = dict(state)
         images, latents = state.pop("pair_images", None), state.pop("pair_latents", None)
         state.update({GENERATOR_PREFIX + k: v for k, v in self.generator.state_dict().items()})
-        result = super().load_state_dict(state, strict=strict, assign=assign)
+        self.load_state_dict(state)
         self.pair_images, self.pair_latents = images, latents
-        return result
 
     # ------------------------------------------------------------------ round set-up (step 5a)
+    def check_upload(self, upload: ClientUpload) -> None:
+        """``[C, K]`` float32 prototypes (``K`` known at set-up) and int64 counts within what the client holds."""
+        payload = upload.expect(ClassStatsPayload, "ClassStatsPayload prototypes")
+        held = None if self.held is None else self.held[upload.client_id]
+        payload.validate_shape(self.num_classes, self.prototype_dim, upload.sender, dtype=torch.float32, held=held)
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        assert self.transformer is not None and self.centroids is not None, "setup() was not called"
+        assert self.transformer is not None and self.centroids is not None, "setup_server() was not called"
         prototypes, labels = [torch.zeros(0, self.prototype_dim or 0)], [torch.zeros(0, dtype=torch.long)]
         for upload in uploads:
             payload = upload.payload
-            sender = f"client {upload.client_id}"
-            if not isinstance(payload, ClassStatsPayload):
-                raise TrainingError(
-                    f"{sender} sent {type(payload).__name__}, FedKTL expects ClassStatsPayload prototypes"
-                )
-            payload.validate_shape(self.num_classes, self.prototype_dim, sender)
+            assert isinstance(payload, ClassStatsPayload)  # check_upload passed it
             held = payload.counts > 0
             prototypes.append(payload.values[held].float())
             labels.append(held.nonzero().squeeze(1))

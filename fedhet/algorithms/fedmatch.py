@@ -48,7 +48,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
+from fedhet.algorithms.shared.common import (
+    PublicDistillationAlgorithm,
+    PublicDistillationHparams,
+    PublicDistillationPhase,
+)
 from fedhet.data.augment import Compose, RandomCropPad, RandomHorizontalFlip
 from fedhet.errors import ConfigError
 from fedhet.functional.distillation import confident_pseudo_labels, kl_to_target, masked_pseudo_label_loss

@@ -41,7 +41,11 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
+from fedhet.algorithms.shared.common import (
+    PublicDistillationAlgorithm,
+    PublicDistillationHparams,
+    PublicDistillationPhase,
+)
 from fedhet.functional.distillation import DigestLoss, digest_loss, logit_consensus
 from fedhet.hparams import NonNegativeInt, knob
 

@@ -13,7 +13,7 @@ client's per-class training counts ``c_i`` (:class:`GeneratorClassifierPayload`)
 leaves the client.
 Download: the global ``(G, D)`` and the global per-class counts (``p(y)``), from the end of round
 0 on (the paper's round 1 is plain CE and keeps the local classifier).
-Server phase: trainable (:class:`~fedhet.algorithms.shared_generators.GeneratorClassifierServer`, shared
+Server phase: trainable (:class:`~fedhet.algorithms.shared.generators.GeneratorClassifierServer`, shared
 with FedCG). ``(G, D)`` is the example-weighted average of
 the uploads, then refined for ``server_steps`` Adam steps on the crossed distillation
 ``L_kl,1 + L_kl,2 + L_kl,3`` with class-level weights ``tau_{i,y}`` (Eq. 10-12, ``KDC_agg``), or
@@ -97,8 +97,8 @@ from fedhet.algorithms.base import (
     RunPhase,
     ServerPhase,
 )
-from fedhet.algorithms.common import AveragedClientModels
-from fedhet.algorithms.shared_generators import (
+from fedhet.algorithms.shared.common import AveragedClientModels
+from fedhet.algorithms.shared.generators import (
     ConditionalFeatureGenerator,
     GeneratorClassifierClient,
     GeneratorClassifierMethod,
@@ -261,7 +261,6 @@ class PaperProtocol(Algorithm):
         self.capabilities = base.capabilities  # type: ignore[misc]
         self.upload_type = base.upload_type  # type: ignore[misc]
         self.download_type = base.download_type  # type: ignore[misc]
-        self.label_counts_uploaded = base.label_counts_uploaded  # type: ignore[misc]
         self.evaluation = ("clients_before_download", "server")  # type: ignore[misc]
         self.virtual_global = AveragedClientModels()
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerContext, ServerPhase
-from fedhet.algorithms.common import HEAD_PREFIX, MODEL_PREFIX, SubmoduleAveragingServer
+from fedhet.algorithms.shared.common import HEAD_PREFIX, MODEL_PREFIX, SubmoduleAveragingServer
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import clone_state
 
@@ -51,8 +51,8 @@ class FedPerServer(SubmoduleAveragingServer):
     def __init__(self) -> None:
         super().__init__(MODEL_PREFIX, "samples", per_architecture=True, send_initial=True)
 
-    def setup(self, context: ServerContext) -> None:
-        super().setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.global_by_architecture = {k: base_layers(v) for k, v in self.global_by_architecture.items()}
 
     def server_models(self) -> dict[str, nn.Module]:

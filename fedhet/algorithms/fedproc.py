@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import FedAvgClient, FedAvgServer, WeightAveraging, Weighting
+from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, WeightAveraging, Weighting
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
@@ -105,9 +105,11 @@ class WeightsAndPrototypesPayload(WeightsPayload):
     def nbytes(self) -> int:
         return WeightsPayload(weights=self.weights).nbytes() + self.class_stats().nbytes()
 
-    def validate_prototypes(self, num_classes: int, dim: int | None, sender: str = "client") -> None:
-        """Validate values, then ``prototypes`` is ``[num_classes, dim]`` with valid counts."""
-        self.class_stats().validate_shape(num_classes, dim, sender)
+    def validate_prototypes(
+        self, num_classes: int, dim: int | None, sender: str = "client", held: Tensor | None = None
+    ) -> None:
+        """Validate values, then ``prototypes`` is ``[num_classes, dim]`` float32 with int64 counts within ``held``."""
+        self.class_stats().validate_shape(num_classes, dim, sender, dtype=torch.float32, held=held)
 
 
 class FedProcClient(FedAvgClient):
@@ -173,27 +175,42 @@ class FedProcServer(FedAvgServer):
         super().__init__()
         self.hp: Any = hparams_for(type(self), hp, overrides)
         self.num_classes = 0
+        self.held: Tensor | None = None  # [clients, classes] examples each client holds, when the context knows
         self.global_prototypes: Tensor | None = None
         self.present: Tensor | None = None
 
-    def setup(self, context: ServerContext) -> None:
-        super().setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.num_classes = context.num_classes
+        self.held = context.label_counts
+
+    def check_upload(self, upload: ClientUpload) -> None:
+        """The global model's layout (FedAvg's check) plus ``[C, p]`` float32 prototypes and held counts.
+
+        ``p`` is the global model's head input width (the feature size), else the width of the
+        global prototypes once there are any.
+        """
+        payload = upload.expect(WeightsAndPrototypesPayload, "weights and prototypes")
+        self.check_weights(upload, payload)
+        held = None if self.held is None else self.held[upload.client_id]
+        payload.validate_prototypes(self.num_classes, self.prototype_dim(upload.architecture), upload.sender, held)
+
+    def prototype_dim(self, architecture: str) -> int | None:
+        """The width prototypes of clients of ``architecture`` have (``None``: not known yet)."""
+        head = self.global_by_architecture.get(self.group(architecture), {}).get("head.weight")
+        if head is not None and head.dim() == 2:
+            return int(head.shape[1])
+        return None if self.global_prototypes is None else int(self.global_prototypes.shape[1])
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        dim = None if self.global_prototypes is None else int(self.global_prototypes.shape[1])
-        for upload in uploads:
-            payload = upload.payload
-            if not isinstance(payload, WeightsAndPrototypesPayload):
-                raise TrainingError(
-                    f"client {upload.client_id} sent {type(payload).__name__}, expected weights and prototypes"
-                )
-            if dim is None and payload.prototypes.dim() == 2:
-                dim = int(payload.prototypes.shape[1])
-            payload.validate_prototypes(self.num_classes, dim, f"client {upload.client_id}")
-        super().aggregate(round_idx, uploads)  # validates and averages the weights
+        if self.prototype_dim(uploads[0].architecture) is None:
+            # no declared width (a model without a linear head, round 0): the uploads must at least agree
+            width = int(uploads[0].payload.prototypes.shape[1])  # type: ignore[attr-defined]
+            for upload in uploads:
+                upload.payload.validate_prototypes(self.num_classes, width, upload.sender)  # type: ignore[attr-defined]
+        super().aggregate(round_idx, uploads)  # averages the weights
         self.global_prototypes, self.present = aggregate_class_means(
             [u.payload.prototypes for u in uploads],  # type: ignore[attr-defined]
             [u.payload.counts for u in uploads],  # type: ignore[attr-defined]
@@ -211,14 +228,14 @@ class FedProcServer(FedAvgServer):
             weights=self.weights_for(client_id), prototypes=self.global_prototypes, counts=self.present.long()
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
+    def server_state(self) -> dict[str, Any]:
+        state = super().server_state()
         if self.global_prototypes is not None:
             state.update(global_prototypes=self.global_prototypes, present=self.present)
         return state
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        super().load_server_state(state)
         self.global_prototypes = state.get("global_prototypes")
         self.present = state.get("present")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedhet.algorithms.base import Algorithm, Capabilities, ServerPhase
-from fedhet.algorithms.common import ClassMeanRegularizedHparams, ClassMeanServer, FedProtoClient, Weighting
+from fedhet.algorithms.shared.common import ClassMeanRegularizedHparams, ClassMeanServer, FedProtoClient, Weighting
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.hparams import knob
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch
-from fedhet.algorithms.common import FedAvgClient, WeightAveraging
+from fedhet.algorithms.shared.common import FedAvgClient, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import proximal_term
 from fedhet.hparams import LocalOptimizer, NonNegativeFloat, knob, log_uniform

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch
-from fedhet.algorithms.common import FedAvgClient, WeightAveraging
+from fedhet.algorithms.shared.common import FedAvgClient, WeightAveraging
 from fedhet.functional import restricted_logits, restricted_softmax_scale
 from fedhet.functional.contrastive import RestrictionMode
 from fedhet.hparams import LocalOptimizer, UnitInterval, knob, uniform

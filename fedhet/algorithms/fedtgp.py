@@ -57,7 +57,7 @@ from fedhet.algorithms.base import (
     ClientUpload,
     ServerContext,
 )
-from fedhet.algorithms.common import FedProtoClient, PrototypeServerHparams, PrototypeTrainingServer
+from fedhet.algorithms.shared.common import FedProtoClient, PrototypeServerHparams, PrototypeTrainingServer
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.functional import (
     adaptive_margin,

@@ -11,7 +11,7 @@ mechanism as FedVTC and the FedType abstract describe it, every choice below nam
 
 Upload: the proxy model's weights (``WeightsPayload``, ``proxy.``), with the example count.
 Download: the FedAvg of the participants' proxies (``proxy_weighting``), one architecture for all.
-Server phase: closed form (:class:`~fedhet.algorithms.common.SubmoduleAveragingServer`).
+Server phase: closed form (:class:`~fedhet.algorithms.shared.common.SubmoduleAveragingServer`).
 Local objective, per batch, both models trained jointly (FedVTC's memory remark):
 ``CE(private) + CE(proxy) + kd_weight * [w_pp * KL(p_proxy || p_private) + w_pq * KL(p_private || p_proxy)]``
 where the per-sample weights come from split conformal prediction (LAC score ``1 - p_y(x)``,
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase
-from fedhet.algorithms.common import (
+from fedhet.algorithms.shared.common import (
     SeparatelyClippedClient,
     SharedModelHparams,
     SharedWeighting,

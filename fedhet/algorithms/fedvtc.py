@@ -91,8 +91,8 @@ from fedhet.algorithms.base import (
     build_optimizer,
     hparams_for,
 )
-from fedhet.algorithms.common import batch_norm_layers, freeze_batch_norm, state_with_prefix
-from fedhet.core.payloads import Payload, check_like, check_shape
+from fedhet.algorithms.shared.common import batch_norm_layers, freeze_batch_norm, state_with_prefix
+from fedhet.core.payloads import Payload, check_like, check_tensor
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional import weighted_average
@@ -271,18 +271,35 @@ class VTCPayload(Payload):
     vtc: dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
     def validate_shape(
-        self, num_classes: int, latent_dim: int, reference_vtc: Mapping[str, Tensor], sender: str
+        self,
+        num_classes: int,
+        latent_dim: int,
+        reference_vtc: Mapping[str, Tensor],
+        sender: str,
+        owned: Tensor | None = None,
     ) -> None:
-        """Finite values, ``[m, p]`` prototypes of ``m`` distinct classes, ``[p]`` SDs > 0, the VTC's layout."""
+        """Finite values, then the layout the server keeps, in its dtypes.
+
+        ``[m, p]`` float32 prototypes of ``m`` distinct int64 classes (among ``owned``, when
+        given); ``[p]`` float32 SDs > 0; the VTC's keys, shapes and dtypes.
+        """
         self.validate(sender)
         if self.classes.numel():
-            check_shape(sender, "prototypes", self.prototypes, (self.classes.numel(), latent_dim))
-            if self.classes.is_floating_point() or len(set(self.classes.tolist())) != self.classes.numel():
+            if self.classes.dim() != 1 or self.classes.dtype != torch.long:
+                raise TrainingError(
+                    f"{sender} sent 'classes' of shape {tuple(self.classes.shape)} as {self.classes.dtype}, "
+                    "expected a vector of int64 class indices"
+                )
+            if len(set(self.classes.tolist())) != self.classes.numel():
                 raise TrainingError(f"{sender} sent class indices that are not distinct integers")
             if int(self.classes.min()) < 0 or int(self.classes.max()) >= num_classes:
                 raise TrainingError(f"{sender} sent class indices outside [0, {num_classes})")
+            if owned is not None and not bool(owned.cpu()[self.classes.cpu()].all()):
+                c = int(self.classes.cpu()[~owned.cpu()[self.classes.cpu()]][0])
+                raise TrainingError(f"{sender} sent a prototype of class {c}, which it holds no example of")
+            check_tensor(sender, "prototypes", self.prototypes, (self.classes.numel(), latent_dim), torch.float32)
         if self.sigma.numel():
-            check_shape(sender, "sigma", self.sigma, (latent_dim,))
+            check_tensor(sender, "sigma", self.sigma, (latent_dim,), torch.float32)
             if bool((self.sigma <= 0).any()):
                 raise TrainingError(f"{sender} sent a non-positive SD")
         if self.vtc:
@@ -623,10 +640,9 @@ class FedVTCServer(ServerPhase):
         self.vtc_averaged = False
         self.broadcast_all = False
         self.finetune_done = 0
-        self.rounds = 0
         self.rounds_done = 0
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         initial = context.initial_client_state(0)
         latent = state_with_prefix(initial, "latent.")
         if "prototypes" not in latent:
@@ -638,7 +654,6 @@ class FedVTCServer(ServerPhase):
             raise ConfigError(ANCHOR_SCALE_NEEDS_ANCHORS)
         self.sigma = latent["log_sigma"].detach().exp().clone()  # the clients' initial SD (prior_sd)
         self.vtc = clone_state(state_with_prefix(initial, "vtc."))
-        self.rounds = context.rounds
         counts = context.label_counts
         self.owned = (
             counts > 0
@@ -646,14 +661,37 @@ class FedVTCServer(ServerPhase):
             else torch.ones(context.num_clients, self.num_classes, dtype=torch.bool)
         )
 
+    def check_upload(self, upload: ClientUpload) -> None:
+        """What the current phase's clients send, in the server's layout and dtypes.
+
+        In a round: prototypes of classes the client holds, its SDs, and the VTC exactly when
+        ``psi_sync="every_round"``; in ``vtc_sync``: the VTC; in fine-tuning: nothing.
+        """
+        if self.phase == FINETUNE:
+            sent = type(upload.payload).__name__
+            raise TrainingError(f"{upload.sender} sent {sent} during fine-tuning, where clients send nothing")
+        payload = upload.expect(VTCPayload, "VTCPayload")
+        owned = self.owned[upload.client_id] if upload.client_id < len(self.owned) else None
+        payload.validate_shape(self.num_classes, self.prototypes.shape[1], self.vtc, upload.sender, owned)
+        with_vtc = self.phase == VTC_SYNC or self.hp.psi_sync == "every_round"
+        missing = [
+            name
+            for name, needed, sent in (
+                ("vtc", with_vtc, bool(payload.vtc)),
+                ("sigma", self.phase != VTC_SYNC, bool(payload.sigma.numel())),
+                ("classes", self.phase != VTC_SYNC, bool(payload.classes.numel())),
+            )
+            if needed and not sent
+        ]
+        if missing:
+            raise TrainingError(
+                f"{upload.sender} sent no '{missing[0]}', which every upload of phase {self.phase!r} holds"
+            )
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if self.phase == FINETUNE:
             self.finetune_done = round_idx + 1
             return
-        latent_dim = self.prototypes.shape[1]
-        for upload in uploads:
-            assert isinstance(upload.payload, VTCPayload)
-            upload.payload.validate_shape(self.num_classes, latent_dim, self.vtc, f"client {upload.client_id}")
         payloads: list[VTCPayload] = [u.payload for u in uploads]  # type: ignore[misc]
         with_vtc = [p.vtc for p in payloads if p.vtc]
         if with_vtc:
@@ -682,7 +720,8 @@ class FedVTCServer(ServerPhase):
     def download_for(self, client_id: int) -> VTCPayload | None:
         if self.phase == FINETUNE and self.finetune_done < self.hp.finetune_rounds:
             return None  # fine-tuning is purely local after the broadcast
-        if self.hp.finetune_rounds and not self.broadcast_all and self.rounds and self.rounds_done == self.rounds:
+        last = self.total_rounds  # the run's federated rounds (set by the loop; 0: unknown)
+        if self.hp.finetune_rounds and not self.broadcast_all and last and self.rounds_done == last:
             return None  # the VTC upload after round T needs nothing from the server
         if self.broadcast_all:
             classes = torch.arange(self.num_classes)
@@ -703,7 +742,7 @@ class FedVTCServer(ServerPhase):
         return {"sigma_mean": float(self.sigma.mean()), "prototype_norm": float(norm),
                 "prototype_min_distance": float(separation)}
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {
             "prototypes": self.prototypes,
             "sigma": self.sigma,
@@ -715,7 +754,7 @@ class FedVTCServer(ServerPhase):
             "rounds_done": self.rounds_done,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.prototypes = state["prototypes"].clone()
         self.sigma = state["sigma"].clone()
         self.vtc = dict(state["vtc"])

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase, hparams_for
-from fedhet.algorithms.common import (
+from fedhet.algorithms.shared.common import (
     SeparatelyClippedClient,
     SharedModelHparams,
     SharedWeighting,

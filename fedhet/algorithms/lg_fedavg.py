@@ -26,7 +26,7 @@ from fedhet.algorithms.base import (
     Capabilities,
     ServerPhase,
 )
-from fedhet.algorithms.common import HEAD_PREFIX, SubmoduleAveragingServer, SubmoduleSharingClient
+from fedhet.algorithms.shared.common import HEAD_PREFIX, SubmoduleAveragingServer, SubmoduleSharingClient
 from fedhet.core.payloads import WeightsPayload
 
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule
-from fedhet.algorithms.common import FedAvgClient, WeightAveraging
+from fedhet.algorithms.shared.common import FedAvgClient, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import copy_state_into
 from fedhet.errors import ConfigError

@@ -56,8 +56,12 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientModule, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import PublicDistillationAlgorithm, PublicDistillationHparams, PublicDistillationPhase
-from fedhet.core.payloads import Payload, check_shape
+from fedhet.algorithms.shared.common import (
+    PublicDistillationAlgorithm,
+    PublicDistillationHparams,
+    PublicDistillationPhase,
+)
+from fedhet.core.payloads import Payload, check_tensor
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional.distillation import client_confidence_weights, symmetric_cross_entropy, weighted_peer_kl
 from fedhet.hparams import Hyperparameters, NonNegativeFloat, knob, log_uniform, uniform
@@ -70,10 +74,10 @@ class PrivateLossPayload(Payload):
     loss: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(()))
 
     def validate_value(self, sender: str = "client") -> None:
-        """Reject anything but one finite, non-negative floating-point number."""
+        """Reject anything but one finite, non-negative float32 number (the dtype the server keeps losses in)."""
         self.validate(sender)
-        check_shape(sender, "loss", self.loss, ())
-        if not self.loss.is_floating_point() or float(self.loss) < 0:
+        check_tensor(sender, "loss", self.loss, (), torch.float32)
+        if float(self.loss) < 0:
             raise TrainingError(f"{sender} sent an invalid private loss {self.loss!r} (must be a non-negative float)")
 
 
@@ -171,18 +175,17 @@ class ClientConfidenceServer(ServerPhase):
         self.previous_loss = torch.zeros(0)
         self.confidence = torch.zeros(0)
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.previous_loss = torch.full((context.num_clients,), math.nan)
         self.confidence = torch.full((context.num_clients,), math.nan)
+
+    def check_upload(self, upload: ClientUpload) -> None:
+        """One finite, non-negative float32 loss."""
+        upload.expect(PrivateLossPayload, "PrivateLossPayload").validate_value(upload.sender)
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        for upload in uploads:
-            if not isinstance(upload.payload, PrivateLossPayload):
-                sent = type(upload.payload).__name__
-                raise TrainingError(f"client {upload.client_id} sent {sent}, expected PrivateLossPayload")
-            upload.payload.validate_value(f"client {upload.client_id}")
         ids = torch.tensor([u.client_id for u in uploads])
         losses = torch.stack([u.payload.loss.float() for u in uploads])  # type: ignore[attr-defined]
         known = ~torch.isnan(self.previous_loss[ids])
@@ -198,10 +201,10 @@ class ClientConfidenceServer(ServerPhase):
     def metrics(self) -> dict[str, float]:
         return {f"confidence/{cid}": float(w) for cid, w in enumerate(self.confidence) if not math.isnan(float(w))}
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {"previous_loss": self.previous_loss, "confidence": self.confidence}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.previous_loss = state["previous_loss"].clone()
         self.confidence = state["confidence"].clone()
 

@@ -44,6 +44,11 @@ Deviations from paper/official code:
   here ``K eta_l`` is what the local budget actually took;
 * ``x`` in the ``c_i`` update is the model the client received (after any server refinement),
   not the previous plain average (reference/fedftg.md A9).
+
+Step size (``docs/diagnoses.md``): plain SGD at a folder's lr takes about a tenth of the steps of
+the momentum-0.9 configs beside it; on ``digits_dir`` SCAFFOLD at lr 0.05 tracks FedAvg with
+momentum 0 at lr 0.05 (no bug), and lr 0.5 (about momentum 0.9's effective step) brings it to
+FedAvg's level. ``lr`` (searched log-uniformly in [1e-4, 1]) is the knob to tune, not momentum.
 """
 
 from __future__ import annotations
@@ -57,10 +62,10 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
+from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload, check_like
 from fedhet.core.state import clone_state
-from fedhet.errors import ConfigError, TrainingError
+from fedhet.errors import ConfigError
 from fedhet.hparams import Hyperparameters, LocalOptimizer, PositiveFloat, knob, log_uniform
 
 #: Where a SCAFFOLD client keeps ``c_i`` in its state dict.
@@ -97,11 +102,6 @@ class ScaffoldPayload(WeightsPayload):
     """
 
     control: dict[str, Tensor] = dataclasses.field(default_factory=dict)
-
-    def validate_control(self, reference: Mapping[str, Tensor], sender: str = "client") -> None:
-        """Validate values, then the control variate's keys, shapes and dtype kinds against ``reference``."""
-        self.validate(sender)
-        check_like(sender, "control", self.control, reference, "the model's parameters", "a control variate")
 
 
 class ScaffoldClient(FedAvgClient):
@@ -205,20 +205,22 @@ class ScaffoldServer(FedAvgServer):
         self.control_by_architecture: dict[str, dict[str, Tensor]] = {}
         self.clients_by_architecture: dict[str, int] = {}
 
-    def setup(self, context: ServerContext) -> None:
-        super().setup(context)
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
         self.clients_by_architecture = self.group_sizes()
         if not self.control_by_architecture:  # a resumed server keeps the c its checkpoint restores
             self.control_by_architecture = self.zeros_per_group(context, CONTROL_VARIATE, "SCAFFOLD")
 
+    def check_upload(self, upload: ClientUpload) -> None:
+        """The global model's layout (FedAvg's check) plus a control variate shaped like the server's ``c``."""
+        payload = upload.expect(ScaffoldPayload, "SCAFFOLD's weights and control variate (ScaffoldPayload)")
+        self.check_weights(upload, payload)
+        reference = self.control_by_architecture[self.group(upload.architecture)]
+        check_like(upload.sender, "control", payload.control, reference, "the model's parameters", "a control variate")
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        for upload in uploads:
-            if not isinstance(upload.payload, ScaffoldPayload):
-                raise TrainingError(f"client {upload.client_id} sent {type(upload.payload).__name__}, not SCAFFOLD's")
-            reference = self.control_by_architecture[self.group(upload.architecture)]
-            upload.payload.validate_control(reference, f"client {upload.client_id}")
         previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
-        super().aggregate(round_idx, uploads)  # validates the weights; global <- uniform mean (buffers)
+        super().aggregate(round_idx, uploads)  # global <- uniform mean (buffers)
         for key, members in self.group_uploads(uploads).items():
             control, model, x = self.control_by_architecture[key], self.global_by_architecture[key], previous[key]
             total = self.clients_by_architecture[key]
@@ -233,11 +235,11 @@ class ScaffoldServer(FedAvgServer):
         key = self.group(self.architectures[client_id])
         return ScaffoldPayload(weights=self.global_by_architecture[key], control=self.control_by_architecture[key])
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "control_by_architecture": self.control_by_architecture}
+    def server_state(self) -> dict[str, Any]:
+        return {**super().server_state(), "control_by_architecture": self.control_by_architecture}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        super().load_server_state(state)
         self.control_by_architecture = {a: dict(c) for a, c in state["control_by_architecture"].items()}
 
 

@@ -103,6 +103,8 @@ class Payload:
 
 def check_shape(sender: str, name: str, tensor: Tensor, expected: tuple[int, ...]) -> None:
     """Raise a one-line :class:`TrainingError` when ``tensor`` does not have shape ``expected``."""
+    if not isinstance(tensor, Tensor):
+        raise TrainingError(f"{sender} sent '{name}' as {type(tensor).__name__}, expected a tensor")
     if tuple(tensor.shape) != tuple(expected):
         raise TrainingError(
             f"{sender} sent '{name}' of shape {tuple(tensor.shape)}, expected {tuple(expected)}; "
@@ -161,6 +163,53 @@ def check_dtype(sender: str, name: str, tensor: Tensor, expected: torch.dtype, o
         )
 
 
+def check_tensor(
+    sender: str, name: str, tensor: Tensor, shape: tuple[int, ...], dtype: torch.dtype, of: str = "the server"
+) -> None:
+    """Raise a one-line :class:`TrainingError` unless ``tensor`` has exactly ``shape`` and ``dtype``.
+
+    The one check every server's :meth:`~fedhet.algorithms.base.ServerPhase.check_upload` applies
+    to a tensor whose layout it knows from its own state or declared spec (never from another
+    upload): a wrong shape would fail (or broadcast) inside the aggregate, another precision
+    would change the server's dtype or silently lose precision (see :func:`check_dtype`).
+    """
+    check_shape(sender, name, tensor, shape)
+    check_dtype(sender, name, tensor, dtype, of)
+
+
+def check_counts(
+    sender: str,
+    name: str,
+    counts: Tensor,
+    length: int,
+    held: Tensor | None = None,
+    what: str = "class counts",
+    exact: bool = True,
+) -> None:
+    """Raise a one-line :class:`TrainingError` unless ``counts`` are ``[length]`` non-negative int64 counts.
+
+    Args:
+        sender: who sent them, for the message.
+        name: the payload field (for the shape message).
+        counts: the counts sent.
+        length: the entries expected (the server's class count).
+        held: the sender's training examples per class, when the server knows them: a count
+            above it is inconsistent (a statistic over more examples than the client has).
+        what: what the counts are, for the message ("class counts", "label counts").
+        exact: also require int64 (what every client sends); ``False`` accepts any integer dtype.
+    """
+    check_shape(sender, name, counts, (length,))
+    wrong_kind = counts.is_floating_point() or counts.is_complex() or counts.dtype == torch.bool
+    if wrong_kind or (exact and counts.dtype != torch.long) or bool((counts < 0).any()):
+        raise TrainingError(f"{sender} sent invalid {what} (must be non-negative integers, int64)")
+    if held is not None and bool((counts.cpu() > held.cpu()).any()):
+        c = int((counts.cpu() > held.cpu()).nonzero()[0, 0])
+        raise TrainingError(
+            f"{sender} sent {what} inconsistent with its data (class {c}: {int(counts[c])} "
+            f"examples, it holds {int(held[c])})"
+        )
+
+
 def held_class_nbytes(counts: Tensor, *per_class: Tensor) -> int:
     """Wire bytes of per-class tensors when only the classes a sender holds are sent.
 
@@ -209,7 +258,8 @@ class ClassStatsPayload(Payload):
             num_classes: the rows ``values`` and ``counts`` must have.
             dim: the columns ``values`` must have (``None``: any).
             sender: who sent it, for the message.
-            dtype: the exact dtype ``values`` must have (``None``: any floating dtype).
+            dtype: the exact dtype ``values`` must have, and then ``counts`` must be int64 (what a
+                server checking an upload asks); ``None``: any floating values, any integer counts.
             held: the sender's training examples per class, when the server knows them: a count
                 above it is inconsistent (a statistic over more examples than the client has).
         """
@@ -222,11 +272,4 @@ class ClassStatsPayload(Payload):
             raise TrainingError(f"{sender} sent class statistics as {self.values.dtype}; send floating values")
         if dtype is not None:
             check_dtype(sender, "values", self.values, dtype)
-        if self.counts.is_floating_point() or self.counts.dtype == torch.bool or bool((self.counts < 0).any()):
-            raise TrainingError(f"{sender} sent invalid class counts (must be non-negative integers)")
-        if held is not None and bool((self.counts.cpu() > held.cpu()).any()):
-            c = int((self.counts.cpu() > held.cpu()).nonzero()[0, 0])
-            raise TrainingError(
-                f"{sender} sent class counts inconsistent with its data (class {c}: {int(self.counts[c])} "
-                f"examples, it holds {int(held[c])})"
-            )
+        check_counts(sender, "counts", self.counts, num_classes, held, exact=dtype is not None)

@@ -3,7 +3,7 @@
 FedAvg's example-weighted mean lets one client move the global model anywhere. The established
 Byzantine-robust rules replace that mean, one setting for every weight-averaging method (FedAvg,
 FedProx, MOON, FedRS, FedPer, LG-FedAvg, FML, FedType: every server that averages with
-:class:`~fedhet.algorithms.common.SubmoduleAveragingServer`'s own ``aggregate``), as Flower
+:class:`~fedhet.algorithms.shared.common.SubmoduleAveragingServer`'s own ``aggregate``), as Flower
 ships them as strategies:
 
 * ``mean``: the example-weighted mean (FedAvg; the default, bit-identical to before);

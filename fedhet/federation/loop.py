@@ -144,7 +144,8 @@ class FederationLoop:
             the command line's choice of store, made before the loop is built).
         callbacks: round observers.
         recipe: how a worker rebuilds this run's client runtime (built from the objects when ``None``).
-        feature_dim: common feature dimension added as a linear neck to every backbone (``None``: none).
+        feature_dim: common feature dimension, a neck on every backbone (``None``: none).
+        feature_proj: that neck: ``"pool"`` (HtFLlib's parameter-free pooling) or ``"linear"`` (learnable).
         family_name: name of the model family, for messages.
     """
 
@@ -163,6 +164,7 @@ class FederationLoop:
         recipe: RuntimeRecipe | None = None,
         feature_dim: int | None = None,
         family_name: str = "custom",
+        feature_proj: str = "pool",
     ) -> None:
         if rounds < 1:
             raise ConfigError(f"rounds={rounds}: run at least one round")
@@ -208,13 +210,15 @@ class FederationLoop:
             feature_dim,
             rounds,
             self.lr_schedule,
+            feature_proj,
         )
         if algorithm.capabilities.common_feature_dim:
             dims = {a: int(self.runtime.module(a).model.num_features) for a in sorted(set(self.architectures))}
             if len(set(dims.values())) > 1:
                 raise ConfigError(
                     f"{algorithm.name} exchanges features and needs one feature dimension, but the backbones "
-                    f"emit {dims}; set --feature_dim 64 (adds a linear neck to every backbone)"
+                    f"emit {dims}; set --feature_dim 64 (adds a neck to every backbone; --feature_proj linear: "
+                    "a learnable one)"
                 )
         self.recipe = recipe or RuntimeRecipe(
             architectures=tuple(self.architectures),
@@ -222,6 +226,7 @@ class FederationLoop:
             rounds=rounds,
             persist_optimizer_state=persist_optimizer_state,
             feature_dim=feature_dim,
+            feature_proj=feature_proj,
             algorithm=algorithm,
             scenario=scenario,
             trainer=trainer,
@@ -229,6 +234,8 @@ class FederationLoop:
         )
         self.executor.start(self.recipe, self.runtime)
         self.server = algorithm.build_server()
+        # the round position the clients get too; set now, so a resumed run's first download sees it
+        self.server.total_rounds = rounds
         aggregator = self.settings.aggregator
         if aggregator.robust and not self.server.supports_aggregator():
             raise ConfigError(
@@ -239,7 +246,7 @@ class FederationLoop:
         #: every dropped upload: ``{"round", "client", "reason"}`` (checkpointed with the run)
         self.dropped_uploads: list[dict[str, Any]] = []
         self._upload_stats: dict[str, float] = {}
-        self.server.setup(self.server_context())
+        self.server.setup_server(self.server_context())
         self.schedule = self._build_schedule()
         self.ledger = CommunicationLedger()
         self.best = BestTracker(scenario.kind, with_server="server" in algorithm.evaluation)
@@ -268,7 +275,6 @@ class FederationLoop:
             label_counts_source=self.runtime.label_counts,
             model_factory=self.runtime.build_network,
             public_loader=public,
-            rounds=self.rounds,
             aggregate_states=self.settings.aggregator if self.settings.aggregator.robust else None,
         )
 
@@ -303,9 +309,10 @@ class FederationLoop:
         step = self.schedule[step_idx]
         started = time.perf_counter()
         self.ledger.start_round()
-        if step_idx == 0 and self.algorithm.label_counts_uploaded:
-            # every client uploads one int64 count per class (the counts themselves are not needed here)
-            self.ledger.record_up(self.scenario.num_classes * 8 * self.scenario.num_clients)
+        if step_idx == 0:
+            # what the clients sent once before the first round for the server's set-up (FedFTG's label counts)
+            for payload in self.server.setup_uploads():
+                self.ledger.record_up(payload.nbytes())
         selected = self._sample(step)
         self._participants = selected
         self._notify("on_round_start", step_idx, len(selected))
@@ -343,10 +350,11 @@ class FederationLoop:
                     upload = attack.poison(upload, self._downloads.get((step_idx, result.client_id)))
                 self.ledger.record_up(upload.nbytes())
                 received.append(ClientUpload(result.client_id, self.architectures[result.client_id], upload))
+        if step.exchange:  # before the screening: what a server expects may depend on it
+            self.server.phase, self.server.round_idx = step.phase, step.phase_step
         uploads = self._screen_uploads(step_idx, received)
 
         if step.exchange:
-            self.server.phase = step.phase
             self._server_round(step_idx, step.phase_step, uploads)
 
         record: dict[str, Any] = {"round": step_idx, "clients": len(selected)}
@@ -502,6 +510,7 @@ class FederationLoop:
             metrics.update(self._evaluate_clients(round_idx, clients, apply_download=False, prefix=prefix))
         if "server" in targets:
             metrics.update(self._evaluate_server(self.algorithm.evaluation_models(self.server, self.client_states())))
+            metrics.update(self._evaluate_references(self.algorithm.reference_models(self.server)))
         metrics["eval/clients"] = float(len(clients))
         return metrics
 
@@ -570,21 +579,37 @@ class FederationLoop:
         if not models:
             return {}
         sets = self.runtime.eval_sets(None)
-        splits = self.scenario.evaluation_splits
-        per_split = len(sets) // len(splits)
-        scores: dict[str, list[float]] = {split: [] for split in splits}
+        scores: dict[str, list[float]] = {split: [] for split in self.scenario.evaluation_splits}
         out: dict[str, float] = {}
         for name, model in models.items():
-            counts = self.runtime.evaluate_model(model, sets)
-            top1 = [float(c[0] / t[0]) if float(t[0]) else 0.0 for c, t in counts]
-            for index, split in enumerate(splits):
-                scores[split].append(sum(top1[index * per_split : (index + 1) * per_split]) / per_split)
+            for split, score in self._score_on_global_sets(model, sets).items():
+                scores[split].append(score)
             if "test" in scores:
                 out[f"server/{name}/acc"] = round(100.0 * scores["test"][-1], 4)
         for split, values in scores.items():
             key = SERVER_KEY if split == "test" else f"val/{SERVER_KEY}"
             out[key] = round(100.0 * sum(values) / len(values), 4)
         return out
+
+    def _evaluate_references(self, models: dict[str, nn.Module]) -> dict[str, float]:
+        """``Algorithm.reference_models`` scored as ``acc_server_<name>`` (never part of ``acc_server``)."""
+        if not models:
+            return {}
+        sets = self.runtime.eval_sets(None)
+        out: dict[str, float] = {}
+        for name, model in models.items():
+            for split, score in self._score_on_global_sets(model, sets).items():
+                key = f"{SERVER_KEY}_{name}" if split == "test" else f"val/{SERVER_KEY}_{name}"
+                out[key] = round(100.0 * score, 4)
+        return out
+
+    def _score_on_global_sets(self, model: nn.Module, sets: Sequence[Any]) -> dict[str, float]:
+        """Top-1 of ``model`` averaged over each evaluation split's global sets (fractions), by split."""
+        splits = self.scenario.evaluation_splits
+        per_split = len(sets) // len(splits)
+        counts = self.runtime.evaluate_model(model, sets)
+        top1 = [float(c[0] / t[0]) if float(t[0]) else 0.0 for c, t in counts]
+        return {split: sum(top1[i * per_split : (i + 1) * per_split]) / per_split for i, split in enumerate(splits)}
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
@@ -667,7 +692,7 @@ class FederationLoop:
         """Everything needed to continue exactly after the last completed step."""
         return {
             "next_round": self.next_round,
-            "server": self.server.state_dict(),
+            "server": self.server.server_state(),
             "store": self.store.checkpoint_state(),
             "ledger": self.ledger.state_dict(),
             "best": self.best.state_dict(),
@@ -679,7 +704,7 @@ class FederationLoop:
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         self.next_round = int(state["next_round"])
-        self.server.load_state_dict(state["server"])
+        self.server.load_server_state(state["server"])
         self.store.restore(state["store"])
         self.ledger.load_state_dict(state["ledger"])
         self.best.load_state_dict(state["best"])

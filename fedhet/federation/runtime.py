@@ -104,6 +104,7 @@ class RuntimeRecipe:
     trainer: TrainerTemplate | None = None
     lr_schedule: LRSchedule | None = None
     rebuild: Callable[[str], tuple[Algorithm, Any, TrainerTemplate]] | None = None
+    feature_proj: str = "pool"
 
     def build(self) -> ClientRuntime:
         """The runtime this recipe describes (its scenario set up; modules built on first use)."""
@@ -125,6 +126,7 @@ class RuntimeRecipe:
             self.feature_dim,
             self.rounds,
             self.lr_schedule,
+            self.feature_proj,
         )
 
 
@@ -193,6 +195,9 @@ class ClientRuntime:
         persist_optimizer_state: carry each client's optimizer state across rounds.
         feature_dim: when set, every backbone emits features of this common dimension
             (HtFLlib's ``-fd``; see :func:`fedhet.models.create_model`).
+        feature_proj: the neck to ``feature_dim``: ``"pool"`` (HtFLlib's parameter-free pooling)
+            or ``"linear"`` (a learnable ``Linear``, as FedVTC gives its clients: a comparison
+            against FedVTC gives its baselines the same one).
         rounds: the run's number of rounds, exposed to modules as ``total_rounds`` for schedules
             that decay over rounds, and the length of ``lr_schedule``.
         lr_schedule: the per-round factor on every client learning rate, local and public phase
@@ -210,11 +215,13 @@ class ClientRuntime:
         feature_dim: int | None = None,
         rounds: int = 1,
         lr_schedule: LRSchedule | None = None,
+        feature_proj: str = "pool",
     ) -> None:
         self.algorithm = algorithm
         self.rounds = rounds
         self.lr_schedule = lr_schedule or LRSchedule()
         self.feature_dim = feature_dim
+        self.feature_proj = feature_proj
         self.scenario = scenario
         self.architectures = list(architectures)
         self.trainer = trainer
@@ -255,7 +262,9 @@ class ClientRuntime:
         """A new client module with a model initialised from ``init_seed`` (global RNG untouched)."""
         from fedhet.models import create_model
 
-        options = {} if self.feature_dim is None else {"feature_dim": self.feature_dim}
+        options = {}
+        if self.feature_dim is not None:
+            options = {"feature_dim": self.feature_dim, "feature_proj": self.feature_proj}
         with seeded(init_seed):
             model = create_model(
                 architecture,

@@ -3,8 +3,11 @@
 from fedhet.privacy.gradient_inversion import (
     UPLOADED_PARTS,
     InversionResult,
+    fedcg_generator_gradients,
+    initial_dummy,
     invert_gradients,
     psnr,
+    reference_psnrs,
     total_variation,
     uploaded_gradients,
 )
@@ -12,8 +15,11 @@ from fedhet.privacy.gradient_inversion import (
 __all__ = [
     "UPLOADED_PARTS",
     "InversionResult",
+    "fedcg_generator_gradients",
+    "initial_dummy",
     "invert_gradients",
     "psnr",
+    "reference_psnrs",
     "total_variation",
     "uploaded_gradients",
 ]

@@ -8,8 +8,11 @@ say which gradients are attacked (spec ``reference/fedmdcg.md`` section 5). The 
   ``[F_i, D_i]`` (and, for the generator methods, its generator ``G_i``); the server observes the
   gradient of the parameters the method *uploads* (:data:`UPLOADED_PARTS`): everything (FedAvg),
   the extractor (FedPer), the classifier (LG-FedAvg), the classifier and the generator (FedCG,
-  FedMD-CG: the classifier's CE gradient and the generator's stage-2 mimicry gradient
-  ``d/dw ||G_i(z, y) - F_i(x)||^2``);
+  FedMD-CG: the classifier's CE gradient and the generator's stage-2 gradient). Each generator
+  method's own stage 2: FedMD-CG's mimicry gradient ``d/dw ||G_i(z, y) - F_i(x)||^2``; FedCG's
+  adversarial gradient ``d/dw -log s'(G_i(z, y), y)``, where ``s'`` is the latent discriminator
+  after its step on the real features ``F_i(x)`` (:func:`fedcg_generator_gradients`), so ``x``
+  reaches FedCG's generator upload only through that one discriminator step;
 * the attacker knows the architecture, the true label and the noise ``z`` (a strong attacker).
   By default it also holds the victim's whole model (DLG's white-box assumption), so methods
   differ only in *which gradients* they reveal; with ``guess`` it holds only what was uploaded
@@ -19,6 +22,11 @@ say which gradients are attacked (spec ``reference/fedmdcg.md`` section 5). The 
   all uploaded tensors plus a total-variation prior (Geiping et al., "Inverting Gradients",
   NeurIPS 2020, the stronger successor of DLG's L2 matching);
 * PSNR is computed on the de-normalised images clamped to ``[0, 1]``.
+
+Reference rows (:func:`reference_psnrs`): the PSNR of reconstructions that use no gradient at
+all, an all-black image, the training set's mean image, and the attack's untouched starting
+dummy, scored by the same :func:`psnr` on the same clamped images. A method's number means
+leakage only by its distance above these floors.
 """
 
 from __future__ import annotations
@@ -50,6 +58,44 @@ def _part(name: str) -> str:
     return "head" if name.startswith("head.") else "extractor"
 
 
+#: The discriminator's step size in FedCG's modelled stage 2: FedCG's Adam learning rate (3e-4).
+FEDCG_DISCRIMINATOR_LR = 3e-4
+
+
+def fedcg_generator_gradients(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    features: Tensor,
+    y: Tensor,
+    noise: Tensor,
+    discriminator_lr: float = FEDCG_DISCRIMINATOR_LR,
+    create_graph: bool = False,
+) -> dict[str, Tensor]:
+    """FedCG's generator gradient of one stage-2 step on real features ``features = F(x)``.
+
+    As FedCG's client step (``fedhet.algorithms.fedcg``): the discriminator ``s(h, y)`` first
+    steps on ``L_disc = BCE(s(F(x), y), 1) + BCE(s(G(z, y), y), 0)`` (``G`` detached), then the
+    generator's gradient is that of ``BCE(s'(G(z, y), y), 1)`` under the stepped ``s'``. The
+    discriminator's Adam step is modelled as an SGD step of the same learning rate: Adam's first
+    step ``lr * sign(g)`` depends on ``x`` only piecewise-constantly, so the SGD step is the more
+    informative one for an attacker. Keys are ``generator.<name>``.
+    """
+    from torch.func import functional_call
+
+    generated, _ = generator(y, noise)
+    params = dict(discriminator.named_parameters())
+    real = discriminator(features, y)
+    fake = discriminator(generated.detach(), y)
+    loss_d = F.binary_cross_entropy(real, torch.ones_like(real)) + F.binary_cross_entropy(fake, torch.zeros_like(fake))
+    grads_d = torch.autograd.grad(loss_d, list(params.values()), create_graph=True)
+    stepped = {name: p - discriminator_lr * g for (name, p), g in zip(params.items(), grads_d, strict=True)}
+    score = functional_call(discriminator, stepped, (generated, y))
+    loss_g = F.binary_cross_entropy(score, torch.ones_like(score))
+    named = [(f"generator.{n}", p) for n, p in generator.named_parameters()]
+    grads = torch.autograd.grad(loss_g, [p for _, p in named], create_graph=create_graph)
+    return dict(zip([n for n, _ in named], grads, strict=True))
+
+
 def uploaded_gradients(
     model: nn.Module,
     x: Tensor,
@@ -58,12 +104,14 @@ def uploaded_gradients(
     generator: nn.Module | None = None,
     noise: Tensor | None = None,
     create_graph: bool = False,
+    discriminator: nn.Module | None = None,
 ) -> dict[str, Tensor]:
     """The gradients of one training step on ``(x, y)`` that ``method``'s upload reveals.
 
     Keys are ``model.<name>`` and ``generator.<name>``. The model's gradient is the CE gradient;
-    the generator's is the stage-2 mimicry gradient of ``||G(z, y) - F(x)||^2`` (mean), whose
-    target ``F(x)`` depends on the private image.
+    FedMD-CG's generator gradient is the stage-2 mimicry gradient of ``||G(z, y) - F(x)||^2``
+    (mean), whose target ``F(x)`` depends on the private image; FedCG's is its adversarial
+    gradient (:func:`fedcg_generator_gradients`; pass the client's ``discriminator``).
     """
     if method not in UPLOADED_PARTS:
         raise ValueError(f"unknown method {method!r}; use one of {', '.join(UPLOADED_PARTS)}")
@@ -76,6 +124,14 @@ def uploaded_gradients(
     if with_generator:
         if generator is None or noise is None:
             raise ValueError(f"{method} uploads a generator: pass generator and noise")
+        if method == "fedcg":
+            if discriminator is None:
+                raise ValueError("fedcg's generator gradient is adversarial: pass the client's discriminator")
+            adversarial = fedcg_generator_gradients(
+                generator, discriminator, features, y, noise, create_graph=create_graph
+            )
+            out.update(adversarial)
+            return out
         generated, _ = generator(y, noise)
         mimicry = F.mse_loss(generated, features)
         gen_named = [(f"generator.{n}", p) for n, p in generator.named_parameters()]
@@ -136,6 +192,8 @@ def invert_gradients(
     lr: float = 0.1,
     tv_weight: float = 1e-2,
     seed: int = 0,
+    discriminator: nn.Module | None = None,
+    guess_discriminator: nn.Module | None = None,
 ) -> InversionResult:
     """Reconstruct ``x`` from the gradients ``method`` uploads after one step on ``(x, y)``.
 
@@ -154,18 +212,30 @@ def invert_gradients(
         steps: Adam steps of the attack.
         lr: Adam learning rate on the dummy image.
         tv_weight: weight of the total-variation prior.
-        seed: seed of the dummy image.
+        seed: seed of the dummy image (:func:`initial_dummy`; ``steps=0`` scores it untouched).
+        discriminator: FedCG's latent discriminator of the victim (``method="fedcg"`` only).
+        guess_discriminator: the attacker's own discriminator when it holds the uploads only
+            (FedCG's discriminator never leaves the client); ``None``: the victim's, as with
+            ``guess=None``.
     """
     victim = victim.eval()
-    observed = {k: g.detach() for k, g in uploaded_gradients(victim, x, y, method, generator, noise).items()}
+    observed = {
+        k: g.detach()
+        for k, g in uploaded_gradients(victim, x, y, method, generator, noise, discriminator=discriminator).items()
+    }
     attacker = _attacker_view(victim, method, guess).eval()
     attacker_generator = copy.deepcopy(generator).eval() if generator is not None else None  # uploaded
-    dummy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).requires_grad_(True)
+    held = guess is not None and guess_discriminator is not None
+    attacker_discriminator = guess_discriminator if held else discriminator  # FedCG's s is never uploaded
+    dummy = initial_dummy(x.shape, seed).requires_grad_(True)
     optimizer = torch.optim.Adam([dummy], lr=lr)
     matching = float("nan")
     for _ in range(steps):
         optimizer.zero_grad()
-        grads = uploaded_gradients(attacker, dummy, y, method, attacker_generator, noise, create_graph=True)
+        grads = uploaded_gradients(
+            attacker, dummy, y, method, attacker_generator, noise, create_graph=True,
+            discriminator=attacker_discriminator,
+        )
         dot = sum((grads[k] * observed[k]).sum() for k in observed)
         norm_a = torch.sqrt(sum(grads[k].pow(2).sum() for k in observed))
         norm_b = math.sqrt(sum(float(observed[k].pow(2).sum()) for k in observed))
@@ -177,6 +247,34 @@ def invert_gradients(
         reconstruction = denormalize(dummy.detach()).clamp(0.0, 1.0)
         original = denormalize(x).clamp(0.0, 1.0)
     return InversionResult(reconstruction, psnr(reconstruction, original), matching)
+
+
+def initial_dummy(shape: torch.Size | tuple[int, ...], seed: int) -> Tensor:
+    """The attack's starting image: ``N(0, 1)`` in the normalised space, from ``seed``."""
+    return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(seed))
+
+
+def reference_psnrs(
+    x: Tensor, denormalize: Callable[[Tensor], Tensor], dataset_mean: Tensor, seed: int = 0
+) -> dict[str, float]:
+    """PSNR (dB) of three gradient-free "reconstructions" of ``x``, scored as the attack's are.
+
+    * ``all_black``: an all-zero image in ``[0, 1]``;
+    * ``dataset_mean``: ``dataset_mean``, the training images' per-pixel mean in ``[0, 1]``
+      (``[C, H, W]`` or ``[1, C, H, W]``);
+    * ``untouched_dummy``: :func:`initial_dummy` with ``seed``, de-normalised and clamped, the
+      image the attack starts from (what ``invert_gradients(..., steps=0)`` returns).
+
+    A method's PSNR shows leakage only by how far it lies above these.
+    """
+    original = denormalize(x).clamp(0.0, 1.0)
+    mean_image = dataset_mean.reshape(1, *original.shape[1:]).expand_as(original).clamp(0.0, 1.0)
+    dummy = denormalize(initial_dummy(x.shape, seed)).clamp(0.0, 1.0)
+    return {
+        "all_black": psnr(torch.zeros_like(original), original),
+        "dataset_mean": psnr(mean_image, original),
+        "untouched_dummy": psnr(dummy, original),
+    }
 
 
 def denormalizer(mean: Mapping[int, float] | tuple[float, ...], std: tuple[float, ...]) -> Callable[[Tensor], Tensor]:

@@ -118,6 +118,7 @@ def client_step(
     optimizers: dict[str, Any] | None = None,
     batches: dict[str, list[Any]] | None = None,
     epochs: int = 1,
+    batch_size: int | None = None,
 ) -> Payload | None:
     """One client's round as ``ClientRuntime.fit_client`` runs it, on one fixed batch.
 
@@ -128,6 +129,7 @@ def client_step(
     at the start of every step (:class:`RngRecorder`). ``optimizers`` is the client's carried
     optimizer state per stage (``federation.persist_optimizer_state``), read and updated in place
     as the runtime does with :class:`OptimizerStateCarrier`; ``None``: fresh optimizers.
+    ``batch_size`` cuts the fixed data into unshuffled batches in order (default: one batch).
     """
     silence_lightning()
     if state is not None:
@@ -143,7 +145,7 @@ def client_step(
         recorder = RngRecorder()
         carrier = OptimizerStateCarrier(optimizers.get(stage.name) if optimizers is not None else None)
         with seeded(seed):
-            private = DataLoader(TensorDataset(*data), batch_size=len(data[0]), shuffle=False)
+            private = DataLoader(TensorDataset(*data), batch_size=batch_size or len(data[0]), shuffle=False)
             loader = module.stage_dataloader(private, seed)
             stage_trainer(stage, template, [carrier, recorder]).fit(module, train_dataloaders=loader)
         if rng is not None:
@@ -320,3 +322,37 @@ def scaled_before_batch_norm(
         out[f"{norm}.running_mean"] *= factor
         out[f"{norm}.running_var"] *= factor**2
     return out
+
+
+def collaborative_step(
+    algorithm: Any,
+    clients: Sequence[ClientModule],
+    loader: Any,
+    round_idx: int = 0,
+    recorder: RngRecorder | None = None,
+) -> Any:
+    """The lock-step collaborative phase as ``ClientRuntime._collaborate`` runs it; returns the phase.
+
+    ``algorithm.build_collaborative_phase`` over the live client modules, fitted for
+    ``algorithm.collaborative_epochs()`` passes over ``loader`` (not shuffled) on a lean CPU Trainer.
+    ``recorder`` (optional) receives the global RNG state each public step started with.
+    """
+    silence_lightning()
+    phase = algorithm.build_collaborative_phase(list(clients))
+    phase.round_idx, phase.total_rounds = round_idx, 4
+    template = TrainerTemplate(accelerator="cpu")
+    trainer = template.build(
+        callbacks=[recorder] if recorder is not None else [],
+        max_epochs=algorithm.collaborative_epochs(),
+        max_steps=-1,
+        limit_train_batches=None,
+    )
+    with seeded(2000):
+        trainer.fit(phase, train_dataloaders=loader)
+    return phase
+
+
+def unlabelled_loader(images: Sequence[Tensor]) -> DataLoader:
+    """One unshuffled batch per entry of ``images`` (labels -1, as public data carries none)."""
+    x = torch.cat(list(images))
+    return DataLoader(TensorDataset(x, torch.full((len(x),), -1)), batch_size=len(images[0]), shuffle=False)

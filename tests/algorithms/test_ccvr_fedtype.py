@@ -23,7 +23,7 @@ def _server() -> CCVRServer:
     from tests.algorithms.helpers import head_context
 
     server = CCVRServer()
-    server.setup(head_context(num_classes=2, feature_dim=1))
+    server.setup_server(head_context(num_classes=2, feature_dim=1))
     return server
 
 
@@ -59,7 +59,7 @@ def test_ccvr_server_pools_each_class_over_uploaders_and_keeps_absent_ones():
     torch.testing.assert_close(server.means[1], torch.tensor([7.0]))  # class 1 kept
     torch.testing.assert_close(server.means[0], torch.tensor([5.0]))
     with pytest.raises(TrainingError, match="counts"):
-        server.aggregate(2, [upload(0, _stats([[1.0], [1.0]], [[[0.0]], [[0.0]]], [-1, 1]))])
+        server.check_upload(upload(0, _stats([[1.0], [1.0]], [[[0.0]], [[0.0]]], [-1, 1])))
 
 
 def test_ccvr_virtual_features_follow_the_global_gaussians():

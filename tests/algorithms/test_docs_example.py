@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from fedhet.algorithms.common import batch_norm_state_keys
+from fedhet.algorithms.shared.common import batch_norm_state_keys
 from fedhet.federation import FederationLoop
 from fedhet.federation.trainer import TrainerTemplate
 from tests.conftest import tiny_label_skew

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from fedhet.algorithms.cross_correlation import CrossCorrelationCollaboration, PublicOutputsPayload
 from fedhet.algorithms.fccl_plus import FCCLPlus, FCCLPlusClient, FCCLPlusCollaboration
+from fedhet.algorithms.shared.cross_correlation import CrossCorrelationCollaboration, PublicOutputsPayload
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation import FederationLoop
 from fedhet.federation.runtime import ClientTask

@@ -36,7 +36,7 @@ def test_fd_server_averages_class_logits_uniformly_by_hand():
     """FD's server (HtFLlib) gives each client holding a class one vote: ([2, 0] + [4, 2]) / 2 = [3, 1]."""
     server = FD().build_server()
     assert server.weighting == "uniform"
-    server.setup(context(num_classes=2))
+    server.setup_server(context(num_classes=2))
     server.aggregate(0, [
         upload(0, ClassStatsPayload(values=torch.tensor([[2.0, 0.0], [0.0, 0.0]]), counts=torch.tensor([1, 0]))),
         upload(1, ClassStatsPayload(values=torch.tensor([[4.0, 2.0], [5.0, 7.0]]), counts=torch.tensor([9, 3]))),
@@ -45,7 +45,7 @@ def test_fd_server_averages_class_logits_uniformly_by_hand():
     assert torch.allclose(download.values, torch.tensor([[3.0, 1.0], [5.0, 7.0]]))
     assert download.counts.tolist() == [1, 1]
     weighted = FD(logit_weighting="count").build_server()
-    weighted.setup(context(num_classes=2))
+    weighted.setup_server(context(num_classes=2))
     weighted.aggregate(0, [
         upload(0, ClassStatsPayload(values=torch.tensor([[2.0, 0.0], [0.0, 0.0]]), counts=torch.tensor([1, 0]))),
         upload(1, ClassStatsPayload(values=torch.tensor([[4.0, 2.0], [5.0, 7.0]]), counts=torch.tensor([3, 3]))),

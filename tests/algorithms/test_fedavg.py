@@ -18,7 +18,7 @@ SWAP = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
 def test_fedavg_server_weighted_mean_by_examples():
     """The global model is the example-weighted mean of the uploaded weights (0.75 / 0.25 by hand)."""
     server = FedAvgServer()
-    server.setup(context(initial={"model.w": torch.zeros(2), "model.b": torch.zeros(1)}))
+    server.setup_server(context(initial={"model.w": torch.zeros(2), "model.b": torch.zeros(1)}))
     server.aggregate(0, [
         upload(0, WeightsPayload(weights={"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}, num_examples=30)),
         upload(1, WeightsPayload(weights={"w": torch.tensor([5.0, 6.0]), "b": torch.tensor([4.0])}, num_examples=10)),
@@ -38,7 +38,7 @@ def test_fedavg_server_rounds_integer_buffers_to_the_nearest_integer():
     """``num_batches_tracked`` is averaged and rounded, not truncated: 0.25 * 1 + 0.75 * 2 = 1.75 -> 2."""
     initial = {"model.w": torch.zeros(1), "model.bn.num_batches_tracked": torch.tensor(0)}
     server = FedAvgServer()
-    server.setup(context(initial=initial))
+    server.setup_server(context(initial=initial))
     server.aggregate(0, [
         upload(0, WeightsPayload(weights=_with_counter([4.0], 1), num_examples=10)),
         upload(1, WeightsPayload(weights=_with_counter([8.0], 2), num_examples=30)),
@@ -58,17 +58,17 @@ def test_fedavg_server_rounds_integer_buffers_to_the_nearest_integer():
 def test_fedavg_server_rejects_wrong_shapes_and_nan():
     """Uploads whose shapes differ from the global model, or that hold NaN, are refused naming the client."""
     server = FedAvgServer()
-    server.setup(context(initial={"model.w": torch.zeros(2)}))
+    server.setup_server(context(initial={"model.w": torch.zeros(2)}))
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(0, [upload(0, WeightsPayload(weights={"w": torch.zeros(3)}, num_examples=1))])
+        server.check_upload(upload(0, WeightsPayload(weights={"w": torch.zeros(3)}, num_examples=1)))
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(0, [upload(0, WeightsPayload(weights={"w": torch.tensor([math.nan, 0.0])}, num_examples=1))])
+        server.check_upload(upload(0, WeightsPayload(weights={"w": torch.tensor([math.nan, 0.0])}, num_examples=1)))
 
 
 def test_fedavg_server_starts_from_client_zero_initialisation():
     """Before any upload the download is client 0's initial backbone (keys without ``model.``)."""
     server = FedAvgServer()
-    server.setup(context(initial={"model.w": torch.tensor([3.0, 4.0]), "other": torch.ones(1)}))
+    server.setup_server(context(initial={"model.w": torch.tensor([3.0, 4.0]), "other": torch.ones(1)}))
     assert set(server.download_for(1).weights) == {"w"}
     assert torch.equal(server.download_for(1).weights["w"], torch.tensor([3.0, 4.0]))
 

@@ -51,7 +51,7 @@ def test_fedbn_server_averages_the_shared_weights_by_examples_by_hand():
     """Bodies 0 and 4 with 1 and 3 examples average to (0 * 1 + 4 * 3) / 4 = 3; BatchNorm is not on the server."""
     client = FedBN().build_client(TinyBN(), 2)
     server = FedBN().build_server()
-    server.setup(
+    server.setup_server(
         ServerContext(
             num_clients=2,
             num_classes=2,

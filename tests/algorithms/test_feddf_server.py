@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms import FedAvg, FedDFServer, FedProto, FedProx
 from fedhet.algorithms.base import ClientUpload, ServerContext
-from fedhet.algorithms.common import SubmoduleAveragingServer
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.feddf_server import EnsembleDistillation
+from fedhet.algorithms.shared.common import SubmoduleAveragingServer
 from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import ConfigError
 from tests.algorithms.helpers import TinyLinear, fit
@@ -44,7 +44,7 @@ def _refinement(uploads, temperature=1.0, steps=1) -> tuple[FedAvgServer, Ensemb
     """A FedAvg server of two architectures, aggregated, with the distillation stage set up for ``uploads``."""
     base = FedAvgServer()
     context = _context()
-    base.setup(context)
+    base.setup_server(context)
     refinement = EnsembleDistillation(distill_steps=steps, distill_lr=0.1, temperature=temperature)
     refinement.attach(base, context)
     base.aggregate(0, uploads)
@@ -123,3 +123,84 @@ def test_the_distillation_reads_the_plugins_hyperparameters():
     assert stage.refine_budget().steps == 7
     with pytest.raises(ConfigError, match=r"^FedDFServer: distill_steps=-1 is not an integer >= 0$"):
         FedDFServer(distill_steps=-1)
+
+
+class BatchNormNet(torch.nn.Module):
+    """``Linear(2, 2) -> BatchNorm1d(2) -> ReLU -> Linear(2, 2)``: a student whose BatchNorm the distillation moves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Linear(2, 2)
+        self.bn = torch.nn.BatchNorm1d(2)
+        self.head = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.bn(self.body(x))))
+
+
+def _bn_distilled(student_bn: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Two clients' BatchNormNets (running mean [1, -1], var [2, 3]) averaged, then 3 distillation steps.
+
+    Returns the base's global state before and after the refine fit. The public batches (mean 5,
+    std 3) are far from the clients' statistics, so train-mode steps move the running statistics.
+    """
+    public = DataLoader(TensorDataset(5.0 + 3.0 * torch.randn(12, 2, generator=torch.Generator().manual_seed(1))),
+                        batch_size=4)
+    context = ServerContext(
+        num_clients=2,
+        num_classes=2,
+        architectures=("a", "a"),
+        seed=0,
+        initial_client_state=lambda cid: {f"model.{k}": v for k, v in BatchNormNet().state_dict().items()},
+        model_factory=lambda architecture, seed: BatchNormNet(),
+        public_loader=lambda seed: public,
+    )
+    base = FedAvgServer()
+    base.setup_server(context)
+    refinement = EnsembleDistillation(distill_steps=3, distill_lr=0.1, student_bn=student_bn)
+    refinement.attach(base, context)
+    uploads = []
+    for cid, scale in ((0, 1.0), (1, -0.5)):
+        weights = {k: v.clone() for k, v in BatchNormNet().state_dict().items()}
+        weights["bn.running_mean"] = torch.tensor([1.0, -1.0])
+        weights["bn.running_var"] = torch.tensor([2.0, 3.0])
+        weights["bn.num_batches_tracked"] = torch.tensor(7)
+        weights["body.weight"] = scale * weights["body.weight"]  # teachers disagree (ReLU): the students move
+        uploads.append(ClientUpload(cid, "a", WeightsPayload(num_examples=1, weights=weights)))
+    base.aggregate(0, uploads)
+    refinement.begin_round(0, uploads)
+    before = {k: v.clone() for k, v in base.global_by_architecture["a"].items()}
+    fit(refinement, refinement.server_dataloader(0), max_epochs=-1, max_steps=refinement.refine_budget().steps)
+    return before, base.global_by_architecture["a"]
+
+
+@pytest.mark.parametrize("student_bn", ["frozen", "restore"])
+def test_keeping_the_clients_batch_norm_statistics_through_the_distillation(student_bn):
+    """With the knob on, the averaged clients' running statistics leave the distillation unchanged (bit for bit)."""
+    before, after = _bn_distilled(student_bn)
+    assert torch.equal(before["bn.running_mean"], torch.tensor([1.0, -1.0]))
+    for key in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
+        assert torch.equal(after[key], before[key]), key
+    assert not torch.equal(after["head.weight"], before["head.weight"])  # the distillation did train
+    assert not torch.equal(after["body.weight"], before["body.weight"])
+
+
+def test_paper_default_lets_the_distillation_overwrite_batch_norm_statistics():
+    """student_bn="train" (default, the paper's code): the running statistics move towards the public data."""
+    assert EnsembleDistillation().hp.student_bn == "train"
+    before, after = _bn_distilled("train")
+    assert not torch.equal(after["bn.running_mean"], before["bn.running_mean"])
+    assert int(after["bn.num_batches_tracked"]) == 7 + 3
+
+
+def test_student_bn_and_the_distillation_budget_are_in_the_search_space():
+    """The tuning stage can trade the budget against the BatchNorm handling (declared defaults inside)."""
+    from fedhet.algorithms.feddf_server import FedDFServerHparams
+    from fedhet.hparams import sweep_parameters
+
+    space = sweep_parameters(FedDFServerHparams)
+    assert space["method.init_args.student_bn"] == {"values": ["train", "frozen", "restore"]}
+    assert space["method.init_args.distill_steps"] == {"distribution": "int_uniform", "min": 0, "max": 1000}
+    with pytest.raises(ConfigError, match="student_bn"):
+        FedDFServer(student_bn="eval")

@@ -79,7 +79,7 @@ def test_feddyn_without_a_download_is_plain_cross_entropy_and_keeps_its_state():
 
 def _server(alpha: float, clients: int, initial: dict[str, torch.Tensor]) -> FedDynServer:
     server = FedDynServer(alpha=alpha)
-    server.setup(context(num_clients=clients, initial=initial))
+    server.setup_server(context(num_clients=clients, initial=initial))
     return server
 
 
@@ -103,7 +103,7 @@ def test_feddyn_server_h_and_theta_by_hand_with_partial_participation():
     assert torch.allclose(server.h_by_architecture["x"]["w"], torch.tensor([-5 / 9, -2 / 3]))
     assert torch.allclose(server.download_for(0).weights["w"], torch.tensor([37 / 9, 10 / 3]))
     restored = _server(alpha=0.5, clients=3, initial=initial)
-    restored.load_state_dict(server.state_dict())
+    restored.load_server_state(server.server_state())
     assert torch.equal(restored.h_by_architecture["x"]["w"], server.h_by_architecture["x"]["w"])
 
 
@@ -138,7 +138,7 @@ def test_feddyn_one_step_closed_form_is_twice_the_fedavg_step_for_any_alpha(alph
         assert torch.allclose(client.gradient_state.body.weight, alpha * eta * grad, atol=1e-6)
     server = FedDynServer(alpha=alpha)
     initial = FedDynClient(TinyLinear(), num_classes=2).state_dict()  # theta^0 = identity, g = 0
-    server.setup(context(num_clients=2, initial=initial))
+    server.setup_server(context(num_clients=2, initial=initial))
     server.aggregate(0, [upload(k, WeightsPayload(weights=c.model.state_dict())) for k, c in enumerate(clients)])
     # 2 * eta * mean grad = 0.1 * [[-s, s], [s, -s]]
     expected = torch.eye(2) - 0.1 * torch.tensor([[-s, s], [s, -s]])  # [[1.026894, -0.026894], ...]
@@ -181,3 +181,18 @@ def test_feddyn_refuses_a_non_positive_alpha_and_reuses_fedavgs_server():
     algorithm = FedDyn()
     assert algorithm.hp.alpha == 0.01 and algorithm.evaluation == ("clients", "server")
     assert isinstance(algorithm.build_server(), FedAvgServer)
+
+
+def test_feddyn_step_size_knobs_are_searched_with_unchanged_defaults():
+    """momentum, lr and alpha carry search spaces (docs/diagnoses.md: FedDyn needs them tuned together)."""
+    from fedhet.algorithms.feddyn import FedDynHparams
+    from fedhet.hparams import sweep_parameters
+
+    space = sweep_parameters(FedDynHparams)
+    assert space["method.init_args.momentum"] == {"values": [0.0, 0.5, 0.9]}
+    assert space["method.init_args.alpha"] == {"distribution": "log_uniform_values", "min": 0.001, "max": 1.0}
+    assert "method.init_args.lr" in space
+    hp = FedDyn().hp
+    assert (hp.momentum, hp.alpha, hp.lr) == (0.0, 0.01, 0.01)
+    with pytest.raises(ConfigError, match="momentum"):
+        FedDyn(momentum=1.0)

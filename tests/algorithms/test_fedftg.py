@@ -41,7 +41,7 @@ def _stage(**overrides) -> tuple[FedAvgServer, DataFreeFineTuning, list[ClientUp
     settings = dict(iterations=2, batch_size=6, noise_dim=5, generator_width=4)
     settings.update(overrides)
     base, stage, context = FedAvgServer(), DataFreeFineTuning(**settings), _context()
-    base.setup(context)
+    base.setup_server(context)
     stage.attach(base, context)
     uploads = [
         ClientUpload(cid, "cnn_tiny", WeightsPayload(num_examples=8, weights=_network(seed=cid + 1).state_dict()))
@@ -137,7 +137,7 @@ def test_the_fine_tuning_reads_the_plugins_hyperparameters():
     assert isinstance(stage, DataFreeFineTuning) and stage.hp == method.hp
     hp = stage.hp
     assert (hp.iterations, hp.lambda_dis, hp.server_bn_mode, hp.batch_size) == (3, 0.5, "frozen", 50)
-    assert method.label_counts_uploaded and not method.capabilities.heterogeneous_models
+    assert not method.capabilities.heterogeneous_models
     with pytest.raises(ConfigError, match=r"^FedFTG: iterations=-1 is not an integer >= 0$"):
         FedFTG(iterations=-1)
     with pytest.raises(ConfigError, match=r"^FedFTG: student_loss='kl' is not one of 'soft_ce', 'kl_global_first'$"):
@@ -156,7 +156,18 @@ def test_fedftg_on_scaffold_downloads_the_tuned_model_with_control_variates():
     tuned = loop.server.base.global_by_architecture["cnn_tiny"]
     assert all(torch.equal(download.weights[k], tuned[k]) for k in tuned)
     assert "acc_server" in summary["final"]
-    assert "generator" in loop.server.state_dict()["refinement"]
+    assert "generator" in loop.server.server_state()["refinement"]
+
+
+def test_label_counts_are_every_clients_setup_upload_of_int64_rows():
+    """The refined server's setup uploads are the context's count rows as int64: 3 clients x 4 classes x 8 B = 96."""
+    server = FedFTG(base=FedAvg(), **TINY).build_server()
+    server.setup_server(_context())
+    uploads = server.setup_uploads()
+    assert [u.counts.tolist() for u in uploads] == COUNTS.tolist()
+    assert all(u.counts.dtype == torch.int64 for u in uploads)
+    assert sum(u.nbytes() for u in uploads) == 96
+    assert FedAvg().build_server().setup_uploads() == ()  # a plain server sends nothing before round 0
 
 
 def test_label_counts_are_charged_once_and_rounds_to_target_reported():
@@ -170,3 +181,23 @@ def test_label_counts_are_charged_once_and_rounds_to_target_reported():
     assert summary["rounds_to_target"] == {"acc_server>=1e-06": 1, "acc_server>=100": None, "acc_global>=100": None}
     with pytest.raises(ConfigError, match="percentages"):
         label_skew_run(FedAvg(), rounds=1, target_accuracy={"acc_server": 150.0})
+
+
+def test_the_plain_average_is_scored_next_to_the_fine_tuned_model_every_round():
+    """acc_server_plain_average: the aggregate before fine-tuning, on the same sets, outside acc_server."""
+    method = FedFTG(base=FedAvg(), **TINY)
+    loop, summary = label_skew_run(method, rounds=2)
+    assert all("acc_server_plain_average" in r and "val/acc_server_plain_average" in r for r in loop.history)
+    stage = loop.server.refinement
+    tuned = loop.server.base.global_by_architecture["cnn_tiny"]
+    assert any(not torch.equal(stage.plain_average[k], tuned[k]) for k in tuned)  # fine-tuning moved it
+    scored = loop._evaluate_server({"plain": stage.plain_average_model()})
+    assert loop.history[-1]["acc_server_plain_average"] == scored["acc_server"]
+    assert loop.history[-1]["acc_server"] == loop._evaluate_server(loop.server.server_models())["acc_server"]
+    assert "acc_server_plain_average" in summary["final"]
+    assert all(m is not stage.plain_average_network[0] for m in stage.modules())  # not a submodule
+    # without fine-tuning the broadcast model is the plain average: the two numbers agree exactly
+    untuned, _ = label_skew_run(FedFTG(base=FedAvg(), **{**TINY, "iterations": 0}), rounds=1)
+    assert untuned.history[-1]["acc_server_plain_average"] == untuned.history[-1]["acc_server"]
+    plain, _ = label_skew_run(FedAvg(), rounds=1)
+    assert not any(key.startswith("acc_server_") for key in plain.history[-1])  # other methods log nothing new

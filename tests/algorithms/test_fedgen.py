@@ -92,7 +92,7 @@ def test_fedgen_client_latent_kl_term_by_hand():
 
 def _server_after_two_uploads(diversity_weight: float = 0.5) -> FedGenServer:
     server = FedGenServer(noise_dim=3, generator_hidden_dim=4, diversity_weight=diversity_weight)
-    server.setup(context(num_classes=2, initial=INITIAL_HEAD))
+    server.setup_server(context(num_classes=2, initial=INITIAL_HEAD))
     head_a = {"weight": torch.tensor([[3.0, 0.0], [0.0, 3.0]]), "bias": torch.zeros(2)}
     head_b = {"weight": torch.tensor([[0.0, 3.0], [3.0, 0.0]]), "bias": torch.zeros(2)}
     server.aggregate(0, [
@@ -110,7 +110,7 @@ def test_fedgen_server_averages_heads_and_weighs_the_ensemble_by_label_shares_by
     assert torch.allclose(server.round_ensemble_weights, torch.tensor([[0.75, 0.5], [0.25, 0.5]]))
     assert server.round_counts.tolist() == [4.0, 2.0]
     samples = FedGenServer(noise_dim=3, generator_hidden_dim=4, ensemble_weighting="samples")
-    samples.setup(context(num_classes=2, initial=INITIAL_HEAD))
+    samples.setup_server(context(num_classes=2, initial=INITIAL_HEAD))
     head = {"weight": torch.eye(2), "bias": torch.zeros(2)}
     samples.aggregate(0, [
         upload(0, HeadCountsPayload(weights=head, label_counts=torch.tensor([3, 1]), num_examples=4)),
@@ -199,4 +199,4 @@ def test_fedgen_server_rejects_bad_label_counts(cpu_trainer):
     head = {k: v.clone() for k, v in loop.server.global_head.state_dict().items()}
     bad = HeadCountsPayload(weights=head, label_counts=-torch.ones(10, dtype=torch.long), num_examples=4)
     with pytest.raises(TrainingError, match="label counts"):
-        loop.server.aggregate(0, [upload(0, bad)])
+        loop.server.check_upload(upload(0, bad))

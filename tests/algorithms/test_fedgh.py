@@ -39,7 +39,7 @@ def _fit_server(server) -> None:
 def test_fedgh_server_sgd_step_on_prototypes_by_hand():
     """From a zero head, one SGD step (lr 0.1) on prototypes [1, 0] (class 0) and [0, 2] (class 1), worked by hand."""
     server = FedGHServer(server_lr=0.1, server_epochs=1, server_batch_size=2)
-    server.setup(head_context(num_classes=2, feature_dim=2))
+    server.setup_server(head_context(num_classes=2, feature_dim=2))
     server.aggregate(0, [upload(0, class_stats([[1.0, 0.0], [0.0, 2.0]], [4, 1]))])
     assert server.round_prototypes.tolist() == [[1.0, 0.0], [0.0, 2.0]] and server.round_labels.tolist() == [0, 1]
     _fit_server(server)
@@ -54,7 +54,7 @@ def test_fedgh_server_sgd_step_on_prototypes_by_hand():
 def test_fedgh_server_trains_one_prototype_per_held_class_and_client():
     """Each (client, held class) pair is one training example; classes a client lacks are left out."""
     server = FedGHServer()
-    server.setup(head_context(num_classes=3, feature_dim=2))
+    server.setup_server(head_context(num_classes=3, feature_dim=2))
     server.aggregate(0, [
         upload(0, class_stats([[1.0, 1.0], [0.0, 0.0], [2.0, 2.0]], [3, 0, 1])),
         upload(1, class_stats([[5.0, 5.0], [6.0, 6.0], [0.0, 0.0]], [0, 2, 0])),
@@ -81,7 +81,7 @@ def test_fedgh_server_head_learns_to_classify_the_uploaded_prototypes():
     """Twenty server epochs on separable prototypes reach full accuracy, in one Lightning fit of 20 x 2 steps."""
     generator = torch.Generator().manual_seed(1)
     server = FedGHServer(server_lr=0.1, server_epochs=20, server_batch_size=4)
-    server.setup(head_context(3, 4, head_weight=torch.randn(3, 4, generator=generator)))
+    server.setup_server(head_context(3, 4, head_weight=torch.randn(3, 4, generator=generator)))
     server.aggregate(0, separable_uploads())
     prototypes, labels = server.round_prototypes, server.round_labels
     assert prototypes.shape == (8, 4)  # 4 clients x 2 held classes
@@ -98,14 +98,14 @@ def test_fedgh_server_starts_from_client_zero_head_and_validates():
     """Round 0's download is client 0's initial head; bad shapes, non-finite values and counts are refused."""
     weight = torch.arange(6.0).reshape(3, 2)
     server = FedGHServer()
-    server.setup(head_context(3, 2, head_weight=weight))
+    server.setup_server(head_context(3, 2, head_weight=weight))
     assert torch.equal(server.download_for(0).weights["weight"], weight)  # sent before round 0 (HtFLlib)
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(0, [upload(0, class_stats([[1.0, 2.0, 3.0]] * 3, [1, 1, 1]))])
+        server.check_upload(upload(0, class_stats([[1.0, 2.0, 3.0]] * 3, [1, 1, 1])))
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(0, [upload(0, class_stats([[float("inf"), 0.0]] * 3, [1, 1, 1]))])
+        server.check_upload(upload(0, class_stats([[float("inf"), 0.0]] * 3, [1, 1, 1])))
     with pytest.raises(TrainingError, match="counts"):
-        server.aggregate(0, [upload(0, class_stats([[0.0, 0.0]] * 3, [1, -1, 1]))])
+        server.check_upload(upload(0, class_stats([[0.0, 0.0]] * 3, [1, -1, 1])))
 
 
 def test_fedgh_round_sizes_and_clients_take_the_global_head(fedgh_loop):

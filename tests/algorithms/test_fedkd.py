@@ -72,7 +72,7 @@ def test_fedkd_server_adds_the_mean_decompressed_update_by_hand():
         SVDStatePayload(dense=second, energy=0.95, num_examples=10),
     ]
     server = FedKDServer(compressed_quantity="update", student_weighting="uniform")
-    server.setup(context(initial=initial))
+    server.setup_server(context(initial=initial))
     assert server.download_for(0) is None
     server.aggregate(0, [upload(0, updates[0]), upload(1, updates[1])])
     # uniform mean update: w -1, b [1, 2]
@@ -82,11 +82,11 @@ def test_fedkd_server_adds_the_mean_decompressed_update_by_hand():
     # a 2 x 2 matrix never compresses (k * (2 + 2 + 1) >= 4): the download is the dense student
     assert torch.equal(server.download_for(1).decompressed(server.global_student)["w"], server.global_student["w"])
     weighted = FedKDServer(compressed_quantity="update", student_weighting="samples")
-    weighted.setup(context(initial=initial))
+    weighted.setup_server(context(initial=initial))
     weighted.aggregate(0, [upload(0, updates[0]), upload(1, updates[1])])
     assert torch.allclose(weighted.global_student["w"], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))  # 0.75 - 0.75 = 0
     weights = FedKDServer(compressed_quantity="weights")
-    weights.setup(context(initial=initial))
+    weights.setup_server(context(initial=initial))
     weights.aggregate(0, [upload(0, updates[0]), upload(1, updates[1])])
     assert torch.allclose(weights.global_student["w"], -torch.ones(2, 2))  # the mean weights replace the student
 
@@ -152,9 +152,9 @@ def test_fedkd_server_rejects_malformed_factors(cpu_trainer):
     bad = dict(good)
     bad["head.weight"] = torch.zeros(3, 3)
     with pytest.raises(TrainingError, match="shape"):
-        loop.server.aggregate(0, [upload(0, SVDStatePayload(dense=bad, num_examples=1))])
+        loop.server.check_upload(upload(0, SVDStatePayload(dense=bad, num_examples=1)))
     factors = {"u": torch.zeros(10, 2), "s": torch.zeros(2), "v": torch.zeros(3, 32)}
     rest = {k: v for k, v in good.items() if k != "head.weight"}
     low = SVDStatePayload(low_rank={"head.weight": factors}, dense=rest)
     with pytest.raises(TrainingError, match="low_rank.head.weight.v"):
-        loop.server.aggregate(0, [upload(0, low)])
+        loop.server.check_upload(upload(0, low))

@@ -166,7 +166,7 @@ def _fit(server):
 
 def _fitted_server(generator, epochs=2, **kwargs):
     server = FedKTLServer(generator, server_epochs=epochs, server_batch_size=100, **kwargs)
-    server.setup(_context())
+    server.setup_server(_context())
     torch.manual_seed(0)
     server.aggregate(
         0,
@@ -194,7 +194,7 @@ def test_download_is_one_pair_per_class_with_paper_byte_count():
 def test_classes_never_uploaded_get_no_pair():
     """Classes no client has uploaded get no generated pair."""
     server = FedKTLServer(TinyGenerator(), server_epochs=1)
-    server.setup(_context())
+    server.setup_server(_context())
     server.aggregate(0, [_upload(0, torch.eye(4), [1, 1, 0, 0])])
     with seeded(1):
         _fit(server)
@@ -217,7 +217,7 @@ def test_server_training_lowers_its_loss(centroid_mode):
     """Sixty server epochs halve the server loss in both centroid modes."""
     generator = TinyGenerator()
     server = FedKTLServer(generator, server_epochs=1, centroid_mode=centroid_mode)
-    server.setup(_context())
+    server.setup_server(_context())
     torch.manual_seed(0)
     server.aggregate(0, [_upload(0, torch.nn.functional.normalize(torch.randn(4, 4), dim=1), [3, 2, 4, 1])] * 3)
     everything = torch.arange(len(server.prototypes))
@@ -235,21 +235,21 @@ def test_server_training_lowers_its_loss(centroid_mode):
 def test_server_rejects_malformed_prototypes():
     """Prototypes of the wrong size or with NaN are refused."""
     server = FedKTLServer(TinyGenerator())
-    server.setup(_context())
+    server.setup_server(_context())
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(0, [_upload(0, torch.zeros(4, 5), [1, 1, 1, 1])])
+        server.check_upload(_upload(0, torch.zeros(4, 5), [1, 1, 1, 1]))
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(0, [_upload(0, torch.full((4, 4), float("nan")), [1, 1, 1, 1])])
+        server.check_upload(_upload(0, torch.full((4, 4), float("nan")), [1, 1, 1, 1]))
 
 
 def test_server_state_round_trips_without_the_generator():
     """The server state leaves out the frozen generator and restores the pairs and centroids exactly."""
     server = _fitted_server(TinyGenerator())
-    state = server.state_dict()
+    state = server.server_state()
     assert not any(k.startswith("generator.") for k in state) and "pair_latents" in state
     restored = FedKTLServer(TinyGenerator())
-    restored.setup(_context())
-    restored.load_state_dict(state)
+    restored.setup_server(_context())
+    restored.load_server_state(state)
     assert torch.equal(restored.download_for(0).images, server.download_for(0).images)
     assert torch.equal(restored.centroids.weight, server.centroids.weight)
 
@@ -348,7 +348,7 @@ def test_server_loss_is_mmd_plus_centroid_mse_by_hand():
     server = FedKTLServer(
         FixedLatents(), etf_dim=2, centroid_weight=0.5, server_epochs=1, server_batch_size=2, mmd_bandwidths=(1.0,)
     )
-    server.setup(_context(num_classes=2))
+    server.setup_server(_context(num_classes=2))
     with torch.no_grad():  # F = Linear(I) -> BatchNorm (fresh) -> ReLU -> Linear(I)
         for layer in (server.transformer[0], server.transformer[3]):
             layer.weight.copy_(torch.eye(2))

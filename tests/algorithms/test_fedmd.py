@@ -1,7 +1,7 @@
 """FedMD and the shared public-distillation frame: hand-computed digest loss and Adam step, ledger, settings.
 
 FedMD's file also holds the tests of :class:`PublicDistillationPhase` / ``PublicDistillationAlgorithm``
-(defined in ``fedhet/algorithms/common.py``), which FedDF, RHFL and FedMatch share.
+(defined in ``fedhet/algorithms/shared/common.py``), which FedDF, RHFL and FedMatch share.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def test_server_weighted_average_by_hand():
     torch.testing.assert_close(server.round_tau[:, 0], torch.tensor([0.25, 0.75]))
     bad = GeneratorClassifierPayload(num_examples=1, generator=gen, classifier=a_cls, label_counts=torch.ones(3).long())
     with pytest.raises(TrainingError, match="label_counts"):
-        server.aggregate(1, [ClientUpload(0, "cnn_tiny", bad)])
+        server.check_upload(ClientUpload(0, "cnn_tiny", bad))
 
 
 # ------------------------------------------------------------------ whole runs
@@ -257,7 +257,7 @@ def test_fedmdcg_resume_equals_uninterrupted():
     assert resumed.run()["final"] == summary["final"]
     for cid in range(3):
         assert state_digests(resumed.store.get(cid)) == state_digests(whole.store.get(cid))
-    assert state_digests(resumed.server.state_dict()) == state_digests(whole.server.state_dict())
+    assert state_digests(resumed.server.server_state()) == state_digests(whole.server.server_state())
 
 
 def test_same_seed_same_numbers():

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from fedhet.algorithms import FedCG, FedMDCG
 from fedhet.algorithms.fedcg import FedCGHparams, FedCGServer
 from fedhet.algorithms.fedmdcg import FedMDCGHparams
-from fedhet.algorithms.shared_generators import SERVER_LOSS_FORMS, GeneratorClassifierServer
+from fedhet.algorithms.shared.generators import SERVER_LOSS_FORMS, GeneratorClassifierServer
 from fedhet.hparams import knobs
 from fedhet.seeding import seeded
 

@@ -44,7 +44,7 @@ def test_fedproc_constant_schedule_weighs_the_two_losses_by_alpha():
 
 def _server_with_two_uploads(weighting):
     server = FedProcServer(proto_weighting=weighting)
-    server.setup(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
+    server.setup_server(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
     p0 = WeightsAndPrototypesPayload(
         weights={"w": torch.tensor([1.0, 2.0])},
         prototypes=torch.tensor([[2.0, 0.0], [0.0, 0.0], [1.0, 1.0]]),
@@ -75,15 +75,15 @@ def test_fedproc_server_averages_weights_and_prototypes_by_hand():
     # bytes: 2 float32 weights (8) + 2 held rows of 2 float32 (16) + 2 int64 counts (16) = 40
     assert sent.nbytes() == 40
     restored = FedProcServer()
-    restored.setup(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
-    restored.load_state_dict(server.state_dict())
+    restored.setup_server(context(num_classes=3, initial={"model.w": torch.zeros(2)}))
+    restored.load_server_state(server.server_state())
     assert torch.equal(restored.download_for(1).prototypes, download.prototypes)
 
 
 def test_fedproc_first_download_has_weights_and_no_prototypes():
     """Before the first aggregation the download carries the initial weights and a [C, 0] prototype block."""
     server = FedProcServer()
-    server.setup(context(num_classes=3, initial={"model.w": torch.ones(2)}))
+    server.setup_server(context(num_classes=3, initial={"model.w": torch.ones(2)}))
     download = server.download_for(0)
     assert download.prototypes.shape == (3, 0) and int(download.counts.sum()) == 0
     assert download.nbytes() == 8
@@ -96,11 +96,11 @@ def test_fedproc_server_rejects_bad_prototypes():
     weights = {"w": torch.zeros(2)}
     wrong_shape = WeightsAndPrototypesPayload(weights=weights, prototypes=torch.zeros(3, 5), counts=counts)
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(1, [upload(0, wrong_shape)])
+        server.check_upload(upload(0, wrong_shape))
     not_finite = WeightsAndPrototypesPayload(
         weights={"w": torch.zeros(2)}, prototypes=torch.tensor([[float("nan"), 0.0]] * 3), counts=counts
     )
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(1, [upload(0, not_finite)])
+        server.check_upload(upload(0, not_finite))
     with pytest.raises(TrainingError, match="expected weights and prototypes"):
-        server.aggregate(1, [upload(0, WeightsPayload(weights={"w": torch.zeros(2)}))])
+        server.check_upload(upload(0, WeightsPayload(weights={"w": torch.zeros(2)})))

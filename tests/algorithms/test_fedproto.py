@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhet.algorithms.common import ClassMeanServer, FedProtoClient
 from fedhet.algorithms.fedproto import FedProto
+from fedhet.algorithms.shared.common import ClassMeanServer, FedProtoClient
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.errors import TrainingError
 from tests.algorithms.helpers import TinyLinear, context, upload
@@ -40,7 +40,7 @@ def test_fedproto_client_without_prototypes_is_plain_cross_entropy():
 def test_fedproto_server_with_classes_missing_on_some_clients():
     """Per class: the count-weighted (paper) or uniform (HtFLlib) mean over the clients holding it, by hand."""
     server = ClassMeanServer("count")
-    server.setup(context(num_classes=3))
+    server.setup_server(context(num_classes=3))
     assert server.download_for(0) is None  # nothing before the first aggregation
     p0 = ClassStatsPayload(values=torch.tensor([[2.0, 0.0], [0.0, 0.0], [1.0, 1.0]]), counts=torch.tensor([1, 0, 3]))
     p1 = ClassStatsPayload(values=torch.tensor([[4.0, 2.0], [9.0, 9.0], [0.0, 0.0]]), counts=torch.tensor([3, 2, 0]))
@@ -50,19 +50,19 @@ def test_fedproto_server_with_classes_missing_on_some_clients():
     assert torch.allclose(download.values, torch.tensor([[3.5, 1.5], [9.0, 9.0], [1.0, 1.0]]))
     assert download.counts.tolist() == [1, 1, 1]
     uniform = ClassMeanServer("uniform")
-    uniform.setup(context(num_classes=3))
+    uniform.setup_server(context(num_classes=3))
     uniform.aggregate(0, [upload(0, p0), upload(1, p1)])
     assert torch.allclose(uniform.download_for(0).values[0], torch.tensor([3.0, 1.0]))
     restored = ClassMeanServer("count")
-    restored.setup(context(num_classes=3))
-    restored.load_state_dict(server.state_dict())
+    restored.setup_server(context(num_classes=3))
+    restored.load_server_state(server.server_state())
     assert torch.equal(restored.download_for(1).values, download.values)
 
 
 def test_fedproto_server_marks_classes_nobody_holds_absent():
     """A class no participant holds gets count 0 and a zero row, and no client is regularised towards it."""
     server = FedProto().build_server()
-    server.setup(context(num_classes=3))
+    server.setup_server(context(num_classes=3))
     server.aggregate(0, [upload(0, ClassStatsPayload(values=torch.ones(3, 2), counts=torch.tensor([2, 0, 0])))])
     download = server.download_for(0)
     assert download.counts.tolist() == [1, 0, 0] and torch.equal(download.values[1:], torch.zeros(2, 2))
@@ -72,7 +72,7 @@ def test_fedproto_server_marks_classes_nobody_holds_absent():
 def test_fedproto_server_rejects_mismatched_prototypes():
     """Prototypes of another feature size or class count are refused naming the client."""
     server = ClassMeanServer()
-    server.setup(context(num_classes=3))
+    server.setup_server(context(num_classes=3))
     good = ClassStatsPayload(values=torch.ones(3, 2), counts=torch.ones(3, dtype=torch.long))
     bad = ClassStatsPayload(values=torch.ones(3, 4), counts=torch.ones(3, dtype=torch.long))
     with pytest.raises(TrainingError, match="client 1"):

@@ -37,7 +37,7 @@ def _fit_server(server) -> None:
 def test_fedtgp_server_margin_from_uploads_by_hand():
     """The margin is min(max_c min_c' ||Q^c - Q^c'||, tau) over the uniform class averages of the uploads."""
     server = FedTGPServer(margin_threshold=100.0, server_epochs=1)
-    server.setup(head_context(num_classes=4, feature_dim=2))
+    server.setup_server(head_context(num_classes=4, feature_dim=2))
     assert server.download_for(0) is None  # no global prototypes before the first server phase
     uploads = [
         upload(0, class_stats([[0.0, 0.0], [2.0, 4.0], [0.0, 0.0], [9.0, 9.0]], [3, 1, 0, 0])),
@@ -51,7 +51,7 @@ def test_fedtgp_server_margin_from_uploads_by_hand():
     assert server.seen.tolist() == [True, True, True, False]
     assert server.round_labels.tolist() == [0, 1, 1, 2]
     capped = FedTGPServer(margin_threshold=1.5)
-    capped.setup(head_context(num_classes=4, feature_dim=2))
+    capped.setup_server(head_context(num_classes=4, feature_dim=2))
     capped.aggregate(0, uploads)
     assert capped.margin.item() == pytest.approx(1.5)
 
@@ -59,7 +59,7 @@ def test_fedtgp_server_margin_from_uploads_by_hand():
 def test_fedtgp_server_step_loss_by_hand():
     """Global prototypes G = relu(E) = (0, 0), (3, 4); margin 1 from the uploads; the first step's loss by hand."""
     server = FedTGPServer(margin_threshold=100.0, server_lr=0.01, server_epochs=1, server_batch_size=2)
-    server.setup(head_context(num_classes=2, feature_dim=2))
+    server.setup_server(head_context(num_classes=2, feature_dim=2))
     with torch.no_grad():  # G^c = fc(relu(middle(e^c))) with identity layers: G = relu(E)
         server.prototypes.embeddings.weight.copy_(torch.tensor([[0.0, 0.0], [3.0, 4.0]]))
         for layer in (server.prototypes.middle[0], server.prototypes.fc):
@@ -82,7 +82,7 @@ def test_fedtgp_server_step_loss_by_hand():
 def test_fedtgp_server_training_separates_global_prototypes():
     """Thirty server epochs lower the loss and put each uploaded prototype nearest its own class's prototype."""
     server = FedTGPServer(margin_threshold=100.0, server_lr=0.05, server_epochs=30, server_batch_size=4)
-    server.setup(head_context(num_classes=3, feature_dim=4))
+    server.setup_server(head_context(num_classes=3, feature_dim=4))
     server.aggregate(0, separable_uploads())
     prototypes, labels = server.round_prototypes, server.round_labels
     initial_loss = server.prototype_loss(prototypes, labels).item()
@@ -94,8 +94,8 @@ def test_fedtgp_server_training_separates_global_prototypes():
     nearest = torch.cdist(prototypes, download.values).argmin(1)
     assert torch.equal(nearest, labels)
     restored = FedTGPServer()
-    restored.setup(head_context(num_classes=3, feature_dim=4))
-    restored.load_state_dict(server.state_dict())
+    restored.setup_server(head_context(num_classes=3, feature_dim=4))
+    restored.load_server_state(server.server_state())
     assert torch.equal(restored.download_for(0).values, download.values)
 
 

@@ -361,7 +361,7 @@ def test_server_averages_prototypes_over_owners_and_sigma_over_uploaders():
     """Class 0: mean of (1, 1) and (3, 5) = (2, 3); class 1 only client 1: (4, 4); class 2 kept (zeros); sigma mean."""
     server = FedVTCServer(finetune_rounds=5)
     counts = torch.tensor([[5, 0, 0], [3, 2, 0], [0, 0, 4]])
-    server.setup(_context(counts=counts))
+    server.setup_server(_context(counts=counts))
     server.aggregate(
         0,
         [
@@ -393,11 +393,11 @@ def test_anchor_scale_rescales_the_averaged_prototypes_to_the_anchors_mean_norm(
     initial["latent.prototypes"] = torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]])
     context = dataclasses.replace(context, initial_client_state=lambda cid: initial)
     server = FedVTCServer(finetune_rounds=5, prototype_scale="anchors", initial_prototype_sd=0.1)
-    server.setup(context)
+    server.setup_server(context)
     server.aggregate(0, [upload(0, _stats([0, 1], [[6.0, 8.0], [0.0, 2.0]], [1.0, 1.0]))])
     torch.testing.assert_close(server.prototypes, torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]]))
     free = FedVTCServer(finetune_rounds=5)
-    free.setup(context)
+    free.setup_server(context)
     free.aggregate(0, [upload(0, _stats([0, 1], [[6.0, 8.0], [0.0, 2.0]], [1.0, 1.0]))])
     torch.testing.assert_close(free.prototypes, torch.tensor([[6.0, 8.0], [0.0, 2.0], [0.0, 0.0]]))
     with pytest.raises(ConfigError, match="initial_prototype_sd > 0"):
@@ -407,7 +407,7 @@ def test_anchor_scale_rescales_the_averaged_prototypes_to_the_anchors_mean_norm(
 def test_server_psi_average_of_identical_vtcs_is_the_identity_and_broadcast_is_complete():
     """Averaging identical VTCs changes nothing; the final broadcast has every class; fine-tuning is silent."""
     server = FedVTCServer(finetune_rounds=2)
-    server.setup(_context())
+    server.setup_server(_context())
     reference = clone_state(server.vtc)
     server.phase = VTC_SYNC
     server.aggregate(0, [upload(c, VTCPayload(vtc=clone_state(reference))) for c in range(3)])
@@ -439,7 +439,9 @@ def test_initial_prototypes_are_zeros_or_shared_seeded_anchors_and_the_server_st
     torch.testing.assert_close(clients[0].latent.prototypes, initial_prototypes(3, 4, sd=0.1, seed=0))
     server = algorithm.build_server()
     state = clients[0].state_dict()
-    server.setup(dataclasses.replace(_context(num_classes=3, latent_dim=4), initial_client_state=lambda cid: state))
+    server.setup_server(
+        dataclasses.replace(_context(num_classes=3, latent_dim=4), initial_client_state=lambda cid: state)
+    )
     assert torch.equal(server.prototypes, clients[0].latent.prototypes)
     assert torch.equal(server.download_for(0).prototypes, clients[0].latent.prototypes)
 
@@ -447,11 +449,11 @@ def test_initial_prototypes_are_zeros_or_shared_seeded_anchors_and_the_server_st
 def test_server_rejects_bad_uploads():
     """Out-of-range classes and non-positive SDs are refused in one line."""
     server = FedVTCServer(finetune_rounds=1)
-    server.setup(_context())
+    server.setup_server(_context())
     with pytest.raises(TrainingError, match="outside"):
-        server.aggregate(0, [upload(0, _stats([3], [[1.0, 1.0]], [1.0, 1.0]))])
+        server.check_upload(upload(0, _stats([3], [[1.0, 1.0]], [1.0, 1.0])))
     with pytest.raises(TrainingError, match="non-positive"):
-        server.aggregate(0, [upload(0, _stats([0], [[1.0, 1.0]], [0.0, 1.0]))])
+        server.check_upload(upload(0, _stats([0], [[1.0, 1.0]], [0.0, 1.0])))
 
 
 def test_synthetic_set_has_s_over_c_samples_per_class_decoded_from_its_prototype():
@@ -553,7 +555,7 @@ def test_resume_in_the_middle_of_fine_tuning_equals_the_uninterrupted_run():
     summary = resumed.run()
     for cid in range(3):
         assert not differing(state_digests(first.store.get(cid)), state_digests(resumed.store.get(cid))), cid
-    assert not differing(state_digests(first.server.state_dict()), state_digests(resumed.server.state_dict()))
+    assert not differing(state_digests(first.server.server_state()), state_digests(resumed.server.server_state()))
     strip = lambda history: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in history]  # noqa: E731
     assert strip(resumed.history) == strip(first.history)
     assert summary["comm"] == first.summary()["comm"]

@@ -68,7 +68,7 @@ def test_fml_server_averages_memes_by_samples_or_uniformly_by_hand():
     """Samples: 0.75 [1, 2] + 0.25 [5, 6] = [2, 3]; uniform (HtFLlib): [3, 4]; starts from client 0's meme."""
     for weighting, expected in (("samples", [2.0, 3.0]), ("uniform", [3.0, 4.0])):
         server = SharedModelServer(meme_weighting=weighting)
-        server.setup(context(initial={"meme.w": torch.zeros(2), "model.w": torch.ones(3)}))
+        server.setup_server(context(initial={"meme.w": torch.zeros(2), "model.w": torch.ones(3)}))
         assert set(server.download_for(0).weights) == {"w"}
         server.aggregate(0, [
             upload(0, WeightsPayload(weights={"w": torch.tensor([1.0, 2.0])}, num_examples=30)),

@@ -28,7 +28,7 @@ def lg_loop():
 def test_lg_fedavg_server_averages_heads_by_examples():
     """The global head is the example-weighted mean of the uploaded heads (0.75 / 0.25 by hand)."""
     server = LGFedAvgServer()
-    server.setup(head_context(num_classes=2, feature_dim=1))
+    server.setup_server(head_context(num_classes=2, feature_dim=1))
     assert server.download_for(0) is None  # nothing before the first aggregation (HtFLlib)
     head_a = {"weight": torch.tensor([[1.0], [2.0]]), "bias": torch.tensor([0.0, 4.0])}
     head_b = {"weight": torch.tensor([[5.0], [6.0]]), "bias": torch.tensor([8.0, 0.0])}
@@ -41,8 +41,8 @@ def test_lg_fedavg_server_averages_heads_by_examples():
     assert torch.allclose(download.weights["weight"], torch.tensor([[2.0], [3.0]]))
     assert torch.allclose(download.weights["bias"], torch.tensor([2.0, 3.0]))
     restored = LGFedAvgServer()
-    restored.setup(head_context(num_classes=2, feature_dim=1))
-    restored.load_state_dict(server.state_dict())
+    restored.setup_server(head_context(num_classes=2, feature_dim=1))
+    restored.load_server_state(server.server_state())
     assert torch.equal(restored.download_for(0).weights["weight"], download.weights["weight"])
 
 
@@ -62,13 +62,13 @@ def test_lg_fedavg_client_swaps_in_the_head_and_trains_on_it_by_hand():
 def test_lg_fedavg_rejects_a_head_of_the_wrong_shape_or_nan():
     """A head of another shape, or with NaN, is refused."""
     server = LGFedAvgServer()
-    server.setup(head_context(num_classes=2, feature_dim=1))
+    server.setup_server(head_context(num_classes=2, feature_dim=1))
     wrong = {"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}
     with pytest.raises(TrainingError, match="shape"):
-        server.aggregate(0, [upload(0, WeightsPayload(weights=wrong, num_examples=1))])
+        server.check_upload(upload(0, WeightsPayload(weights=wrong, num_examples=1)))
     nan = {"weight": torch.full((2, 1), float("nan")), "bias": torch.zeros(2)}
     with pytest.raises(TrainingError, match="non-finite"):
-        server.aggregate(0, [upload(0, WeightsPayload(weights=nan, num_examples=1))])
+        server.check_upload(upload(0, WeightsPayload(weights=nan, num_examples=1)))
 
 
 def test_lg_fedavg_heads_identical_after_download_while_backbones_differ(lg_loop):

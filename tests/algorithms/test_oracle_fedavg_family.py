@@ -40,6 +40,9 @@ from tests.algorithms.test_oracle_fedftg import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+#: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
+ORACLE_COVERS = {"fedavg", "fedprox", "feddyn", "scaffold", "moon"}
+
 STEPS = 2  # local steps per round (one pass over the fixed batch each)
 
 
@@ -50,7 +53,7 @@ def test_weight_averaging_method_matches_the_oracle(base_name):
     algorithm = BASES[base_name]()
     algorithm.configure(FORMAT)
     server = algorithm.build_server()
-    server.setup(make_context(algorithm))
+    server.setup_server(make_context(algorithm))
     template = network(algorithm, 0)
     hp["param_names"] = [k for k, _ in template.named_parameters()]
     initial = server.download_for(0)

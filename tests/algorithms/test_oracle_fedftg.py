@@ -54,6 +54,9 @@ from tests.algorithms.oracle import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+#: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
+ORACLE_COVERS = {"fedftg"}
+
 M, CHANNELS, SIZE = 4, 1, 8
 #: Label counts of the three clients; class 3 is held by clients 0 and 1 only, so its
 #: alpha column is (2/3, 1/3, 0); no class is missing (p_t never 0 for a class all hold).
@@ -307,11 +310,11 @@ def run_case(base_name: str, switches: dict) -> None:
     algorithm.configure(FORMAT)  # as the runtime does before building anything
     context = make_context(algorithm)
     server = algorithm.build_server()
-    server.setup(context)
+    server.setup_server(context)
     template = network(algorithm, 0)
     hp_base["param_names"] = [k for k, _ in template.named_parameters()]
-    generator_before = conditioned(server.state_dict()["refinement"]["generator"])
-    server.load_state_dict({**server.state_dict(), "refinement": {"generator": clone(generator_before)}})
+    generator_before = conditioned(server.server_state()["refinement"]["generator"])
+    server.load_server_state({**server.server_state(), "refinement": {"generator": clone(generator_before)}})
     initial_download = server.download_for(0)
     control0 = {k: torch.zeros_like(v) for k, v in getattr(initial_download, "control", {}).items()}
 
@@ -348,7 +351,7 @@ def run_case(base_name: str, switches: dict) -> None:
     assert_moved(average, download.weights, "fine-tuning")
     assert_states_close(download.weights, tuned, "fine-tuned global model")
     # the rescaled layers' BatchNorm statistics are ~1e6: compared relative to their size (float32 ulp)
-    assert_states_close(server.state_dict()["refinement"]["generator"], generator_after, "generator", rtol=1e-6)
+    assert_states_close(server.server_state()["refinement"]["generator"], generator_after, "generator", rtol=1e-6)
     if base_name == "scaffold":
         assert_states_close(download.control, control, "server control variate c")
 

@@ -62,6 +62,9 @@ from tests.algorithms.oracle import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+#: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
+ORACLE_COVERS = {"fedmdcg"}
+
 M, CHANNELS, SIZE, FEATURES = 4, 1, 8, TinyBNNet.num_features
 EXAMPLES = (8, 6, 10)
 SERVER_SEED = 31
@@ -393,7 +396,7 @@ def run_case(switches: dict, stage1_eval_bug: bool = STAGE1_EVAL_AFTER_FIRST_FIT
         model_factory=lambda architecture, seed: TinyBNNet(CHANNELS, M, seed=seed),
     )
     server = algorithm.build_server()
-    server.setup(context)
+    server.setup_server(context)
     assert server.download_for(0) is None  # nothing before the first aggregation (round 0 is plain CE)
 
     # ---- round 0: both stages on every client

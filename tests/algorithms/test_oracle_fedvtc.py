@@ -45,6 +45,9 @@ from tests.algorithms.oracle import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: one summation order
 
+#: The registered methods whose one-step oracle lives here (``test_oracle_registry.py`` reads it).
+ORACLE_COVERS = {"fedvtc"}
+
 M, SIZE, P = 4, 8, 8  # classes, image side, latent size p = C0 * (SIZE/4)^2 with C0 = 2
 MEAN, STD = 0.3, 0.5  # the scenario's normalisation (non-trivial: pixels and model inputs differ)
 FORMAT = DataFormat(image_size=SIZE, channels=1, mean=(MEAN,), std=(STD,), num_classes=M)
@@ -239,11 +242,12 @@ def test_fedvtc_matches_the_oracle(switch):
     counts = torch.stack([torch.bincount(torch.tensor(LABELS[c]), minlength=M) for c in range(2)])
     context = ServerContext(
         num_clients=2, num_classes=M, architectures=("tiny",) * 2, seed=5,
-        initial_client_state=lambda cid: clone(states[cid]), data_format=FORMAT, label_counts=counts, rounds=2,
+        initial_client_state=lambda cid: clone(states[cid]), data_format=FORMAT, label_counts=counts,
         model_factory=lambda architecture, seed: TinyNeckNet(seed),
     )  # fmt: skip
     server = algorithm.build_server()
-    server.setup(context)
+    server.total_rounds = 2  # what the loop sets: the run's federated rounds
+    server.setup_server(context)
     oracles = [OracleVTCClient(states[c], template, vtc_template, hp) for c in range(2)]
 
     # ---- round 1 (index 0): every client, the download before any upload (zero prototypes, sigma = tau)

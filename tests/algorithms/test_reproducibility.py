@@ -54,7 +54,7 @@ def _snapshot(loop, summary) -> dict[str, Any]:
     """Digests of every client's stored state and of the server state, plus the run's metrics."""
     return {
         "clients": {cid: state_digests(loop.store.get(cid)) for cid in range(loop.scenario.num_clients)},
-        "server": state_digests(loop.server.state_dict()),
+        "server": state_digests(loop.server.server_state()),
         "history": [{k: v for k, v in r.items() if not k.startswith("time/")} for r in loop.history],
         "results": {k: summary[k] for k in RESULT_KEYS},
     }

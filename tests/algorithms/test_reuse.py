@@ -34,7 +34,7 @@ from tests.algorithms.helpers import FAST
 METHODS = sorted(ALGORITHMS)
 NUM_CLASSES = 4
 #: Init arguments that are weights, not hyperparameters: passed again to ``load_from_checkpoint``.
-WEIGHT_ARGUMENTS = {"model", "generator", "meme", "student", "etf", "proxy", "vtc"}
+WEIGHT_ARGUMENTS = {"model", "generator", "meme", "student", "small", "etf", "proxy", "vtc"}
 
 
 def client_of(name: str, seed: int = 0) -> ClientModule:

@@ -107,7 +107,7 @@ def _loss_uploads(losses):
 def test_rhfl_server_computes_ccr_from_two_rounds_of_private_losses():
     """CCR by hand: q = (1, 0.5, 0), a = 1/2 + 0.5 q / sum q, w = softmax(a); state round-trips."""
     server = ClientConfidenceServer(ccr_beta=0.5)
-    server.setup(context(num_classes=PUBLIC_CLASSES, num_clients=3))
+    server.setup_server(context(num_classes=PUBLIC_CLASSES, num_clients=3))
     server.aggregate(0, _loss_uploads([2.0, 3.0, 1.0]))
     assert server.download_for(0) is None  # one loss per client: no decrease known yet
     server.aggregate(1, _loss_uploads([1.0, 2.0, 1.0]))
@@ -115,7 +115,7 @@ def test_rhfl_server_computes_ccr_from_two_rounds_of_private_losses():
     weights = [float(server.download_for(cid).weight) for cid in range(3)]
     assert weights == pytest.approx([0.390166, 0.330268, 0.279566], abs=1e-6)
     restored = ClientConfidenceServer()
-    restored.load_state_dict(server.state_dict())
+    restored.load_server_state(server.server_state())
     assert float(restored.download_for(2).weight) == pytest.approx(0.279566, abs=1e-6)
 
 
@@ -123,9 +123,9 @@ def test_rhfl_server_computes_ccr_from_two_rounds_of_private_losses():
 def test_rhfl_server_rejects_invalid_losses(bad):
     """NaN, non-scalar, negative or integer private losses are refused naming the client."""
     server = ClientConfidenceServer()
-    server.setup(context(num_classes=PUBLIC_CLASSES, num_clients=3))
+    server.setup_server(context(num_classes=PUBLIC_CLASSES, num_clients=3))
     with pytest.raises(TrainingError, match="client 0"):
-        server.aggregate(0, [upload(0, PrivateLossPayload(loss=bad, num_examples=1))])
+        server.check_upload(upload(0, PrivateLossPayload(loss=bad, num_examples=1)))
 
 
 def test_rhfl_client_uploads_its_mean_private_sce_loss():

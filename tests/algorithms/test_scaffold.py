@@ -101,7 +101,7 @@ def _upload(client_id: int, w: list[float], buffer: float, delta_c: list[float],
 def test_scaffold_server_x_and_c_by_hand_with_partial_participation():
     """Server: x += eta_g mean Delta y (eta_g = 0.5); c += |S|/N mean Delta c, N = 4; buffers: uniform mean."""
     server = ScaffoldServer(global_lr=0.5)
-    server.setup(context(num_clients=4, initial=INITIAL))
+    server.setup_server(context(num_clients=4, initial=INITIAL))
     server.aggregate(0, [_upload(0, [2.0, 4.0], 1.0, [1.0, 0.0], n=30), _upload(1, [4.0, 0.0], 3.0, [3.0, 2.0])])
     # mean Delta y = [3, 2]: x = [1.5, 1]; c = 2/4 * mean([1, 0], [3, 2]) = [1, 0.5]
     download = server.download_for(2)
@@ -116,22 +116,22 @@ def test_scaffold_server_x_and_c_by_hand_with_partial_participation():
     assert torch.allclose(download.control["w"], torch.tensor([0.75, 0.75]))
     assert download.nbytes() == (2 + 1 + 2) * 4
     restored = ScaffoldServer(global_lr=0.5)
-    restored.setup(context(num_clients=4, initial=INITIAL))
-    restored.load_state_dict(server.state_dict())
+    restored.setup_server(context(num_clients=4, initial=INITIAL))
+    restored.load_server_state(server.server_state())
     assert torch.equal(restored.download_for(1).control["w"], download.control["w"])
 
 
 def test_scaffold_server_rejects_a_malformed_control_variate():
     """A Delta c whose keys or shapes differ from the parameters, or a plain WeightsPayload, is refused."""
     server = ScaffoldServer()
-    server.setup(context(num_clients=2, initial=INITIAL))
+    server.setup_server(context(num_clients=2, initial=INITIAL))
     bad = ScaffoldPayload(
         weights={"w": torch.zeros(2), "bn.running_mean": torch.zeros(1)}, control={"w": torch.zeros(3)}
     )
     with pytest.raises(TrainingError, match="client 0"):
-        server.aggregate(0, [upload(0, bad)])
+        server.check_upload(upload(0, bad))
     with pytest.raises(TrainingError, match="control variate"):
-        server.aggregate(0, [upload(1, ScaffoldPayload(weights=bad.weights, control={}))])
+        server.check_upload(upload(1, ScaffoldPayload(weights=bad.weights, control={})))
 
 
 def test_scaffold_server_c_is_the_mean_client_control_variate_in_a_run():

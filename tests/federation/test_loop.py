@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -171,9 +172,11 @@ class _DistillServer(TrainableServerPhase):
         self.student = nn.Linear(3 * 16 * 16, 3)
         self.steps = 0
         self.received = 0
+        self.positions: list[tuple[str, int, int]] = []
 
     def aggregate(self, round_idx, uploads: Sequence[ClientUpload]) -> None:
         self.received = len(uploads)
+        self.positions.append((self.phase, self.round_idx, self.total_rounds))
 
     def server_dataloader(self, seed):
         return self.context.public_loader(seed)
@@ -207,6 +210,20 @@ def test_trainable_server_phase_is_fitted_each_round():
     assert loop.history[0]["server/steps"] == batches
     assert loop.history[1]["server/steps"] == 2 * batches
     assert summary["comm"]["bytes_down"] > 0 and math.isfinite(summary["final"]["acc_intra"])
+    # the round position reaches the server as it reaches every client: round 0, then 1, of 2
+    assert loop.server.positions == [("federation", 0, 2), ("federation", 1, 2)]
+
+
+def test_a_trainable_server_keeps_lightnings_hooks_and_its_own_state_names():
+    """setup(stage) and state_dict() are Lightning's; server_state() round-trips the module's tensors."""
+    assert TrainableServerPhase.setup is pl.LightningModule.setup
+    assert TrainableServerPhase.state_dict is nn.Module.state_dict
+    server, restored = _DistillServer(), _DistillServer()
+    with torch.no_grad():
+        server.student.weight.fill_(2.0)
+    restored.load_server_state(server.server_state())
+    assert torch.equal(restored.student.weight, torch.full((3, 3 * 16 * 16), 2.0))
+    assert list(server.server_state()) == ["student.weight", "student.bias"]
 
 
 def test_eval_after_local_training_adds_the_clients_own_scores_without_changing_the_run():

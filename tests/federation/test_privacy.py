@@ -53,7 +53,7 @@ def _fedproto_loop(**noise):
 
 
 def _prototypes(loop):
-    return next(v for v in loop.server.state_dict().values() if isinstance(v, torch.Tensor) and v.is_floating_point())
+    return next(v for v in loop.server.server_state().values() if isinstance(v, torch.Tensor) and v.is_floating_point())
 
 
 def test_loop_perturbs_uploads_and_downloads_reproducibly():

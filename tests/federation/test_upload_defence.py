@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from fedhet.algorithms import FedAvg, FedProto
+from fedhet.algorithms import SCAFFOLD, FedAvg, FedProto
 from fedhet.core.payloads import ClassStatsPayload, WeightsPayload
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation import FederationLoop
@@ -151,6 +151,29 @@ def test_drop_completes_counts_and_never_poisons(method, malform, message, clien
     assert [r["comm/dropped_uploads"] for r in loop.history] == [0, 1]
     assert [(d["round"], d["client"]) for d in loop.dropped_uploads] == [(1, client)]
     _assert_healthy(loop)
+
+
+def _control_in_float16(payload):
+    return dataclasses.replace(payload, control={k: v.half() for k, v in payload.control.items()})
+
+
+@pytest.mark.parametrize("policy", ["fail", "drop"])
+def test_a_method_specific_field_is_screened_where_it_enters(policy):
+    """SCAFFOLD's control variate in float16 from client 1 in round 1 (its weights are fine).
+
+    fail: one line naming round 1, client 1 and the field; drop: the run completes without that
+    upload and the server's ``c`` stays float32 (the check is the server's ``check_upload``, not
+    a failure inside ``aggregate`` that would stop the run under both policies).
+    """
+    loop = _inject(_loop(SCAFFOLD(lr=0.05), on_invalid_upload=policy), 1, _control_in_float16)
+    if policy == "fail":
+        with pytest.raises(TrainingError, match=r"^round 1: client 1 sent 'control\.[\w.]+' as torch.float16 "):
+            loop.run()
+        return
+    loop.run()
+    assert [(d["round"], d["client"]) for d in loop.dropped_uploads] == [(1, 1)]
+    controls = loop.server.control_by_architecture.values()
+    assert {t.dtype for control in controls for t in control.values()} == {torch.float32}
 
 
 def test_dropped_uploads_survive_a_checkpoint():

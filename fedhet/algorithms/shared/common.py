@@ -44,7 +44,7 @@ from fedhet.algorithms.base import (
     build_optimizer,
     hparams_for,
 )
-from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload, check_shape
+from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload, check_like, check_shape
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional import (
@@ -175,7 +175,7 @@ class SubmoduleAveragingServer(ServerPhase):
         """The key clients of ``architecture`` share their average under."""
         return architecture if self.per_architecture else SHARED
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.context = context
         self.architectures = context.architectures
         for client_id, architecture in enumerate(context.architectures):
@@ -220,22 +220,23 @@ class SubmoduleAveragingServer(ServerPhase):
 
     def check_upload(self, upload: ClientUpload) -> None:
         """The upload holds the global sub-module's keys, shapes and exact dtypes, all finite."""
-        sender = f"client {upload.client_id}"
-        if not isinstance(upload.payload, WeightsPayload):
-            raise TrainingError(f"{sender} sent {type(upload.payload).__name__}, expected model weights")
+        self.check_weights(upload, upload.expect(WeightsPayload, "model weights"))
+
+    def check_weights(self, upload: ClientUpload, payload: WeightsPayload) -> None:
+        """``payload.weights`` against the global sub-module of the sender's group (subclasses' uploads extend it)."""
         if self.group(upload.architecture) not in self.global_by_architecture:
-            raise TrainingError(f"{sender} sent weights of architecture {upload.architecture!r}, unknown to the server")
-        upload.payload.validate_against(self.global_by_architecture[self.group(upload.architecture)], sender)
-        if self.weighting == "samples" and upload.payload.num_examples < 0:
-            raise TrainingError(f"{sender} sent a negative example count ({upload.payload.num_examples})")
+            raise TrainingError(
+                f"{upload.sender} sent weights of architecture {upload.architecture!r}, unknown to the server"
+            )
+        reference = self.global_by_architecture[self.group(upload.architecture)]
+        check_like(upload.sender, "weights", payload.weights, reference, "the global model")
 
     def supports_aggregator(self) -> bool:
         """True unless a subclass combines uploads its own way (overrides :meth:`aggregate`)."""
         return type(self).aggregate is SubmoduleAveragingServer.aggregate
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        for upload in uploads:
-            self.check_upload(upload)  # the loop checked already; kept for servers driven directly
+        # every upload passed check_upload where it entered the loop
         combine = (self.context.aggregate_states if self.context is not None else None) or weighted_average
         for key, members in self.group_uploads(uploads).items():
             weights = [u.payload.num_examples if self.weighting == "samples" else 1 for u in members]
@@ -258,10 +259,10 @@ class SubmoduleAveragingServer(ServerPhase):
             copy_state_into(self._eval_models[key], weights)
         return dict(self._eval_models)
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {"global_by_architecture": self.global_by_architecture, "aggregated": sorted(self.aggregated)}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.global_by_architecture = {a: dict(w) for a, w in state["global_by_architecture"].items()}
         self.aggregated = set(state.get("aggregated", ()))
 
@@ -513,7 +514,7 @@ class ClassMeanServer(ServerPhase):
         self.global_means: Tensor | None = None
         self.present: Tensor | None = None
 
-    def setup(self, context: ServerContext) -> None:
+    def setup_server(self, context: ServerContext) -> None:
         self.num_classes = context.num_classes
         self.label_counts = context.label_counts
         if isinstance(self.dim_spec, int):
@@ -527,18 +528,14 @@ class ClassMeanServer(ServerPhase):
 
     def check_upload(self, upload: ClientUpload) -> None:
         """``[num_classes, dim]`` float32 values, integer counts within what the client holds."""
-        sender = f"client {upload.client_id}"
-        if not isinstance(upload.payload, ClassStatsPayload):
-            raise TrainingError(f"{sender} sent {type(upload.payload).__name__}, expected class statistics")
+        payload = upload.expect(ClassStatsPayload, "class statistics")
         dim = self.dim if self.dim is not None else (None if self.global_means is None else self.global_means.shape[1])
         held = None if self.label_counts is None else self.label_counts[upload.client_id]
-        upload.payload.validate_shape(self.num_classes, dim, sender, dtype=torch.float32, held=held)
+        payload.validate_shape(self.num_classes, dim, upload.sender, dtype=torch.float32, held=held)
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        for upload in uploads:
-            self.check_upload(upload)
         if self.dim is None and self.global_means is None:
             # no declared width (a model without a linear head): the uploads must at least agree
             width = int(uploads[0].payload.values.shape[1])  # type: ignore[attr-defined]
@@ -555,10 +552,10 @@ class ClassMeanServer(ServerPhase):
             return None
         return ClassStatsPayload(values=self.global_means, counts=self.present.long())
 
-    def state_dict(self) -> dict[str, Any]:
+    def server_state(self) -> dict[str, Any]:
         return {} if self.global_means is None else {"global_means": self.global_means, "present": self.present}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
         self.global_means = state.get("global_means")
         self.present = state.get("present")
 
@@ -613,6 +610,7 @@ class PrototypeTrainingServer(TrainableServerPhase, ABC):
         self.hp: Any = hparams_for(type(self), hp, overrides)
         self.num_classes = 0
         self.feature_dim = 0
+        self.label_counts: Tensor | None = None  # [clients, classes] held per client, when the context knows
         self.round_prototypes = torch.zeros(0, 0)
         self.round_labels = torch.zeros(0, dtype=torch.long)
         self.loss_sum = torch.zeros(())
@@ -624,6 +622,7 @@ class PrototypeTrainingServer(TrainableServerPhase, ABC):
             raise ConfigError(f"{type(self).__name__} needs client models with a linear 'head' (FeatureClassifier)")
         self.num_classes = context.num_classes
         self.feature_dim = int(head["weight"].shape[1])
+        self.label_counts = context.label_counts
         self.build(context, head)
 
     @abstractmethod
@@ -635,15 +634,12 @@ class PrototypeTrainingServer(TrainableServerPhase, ABC):
         """The server objective on one batch of uploaded prototypes."""
 
     def check_upload(self, upload: ClientUpload) -> None:
-        """``[num_classes, feature_dim]`` floating prototypes and non-negative integer counts."""
-        sender = f"client {upload.client_id}"
-        if not isinstance(upload.payload, ClassStatsPayload):
-            raise TrainingError(f"{sender} sent {type(upload.payload).__name__}, expected class prototypes")
-        upload.payload.validate_shape(self.num_classes, self.feature_dim, sender)
+        """``[num_classes, feature_dim]`` float32 prototypes, int64 counts within what the client holds."""
+        payload = upload.expect(ClassStatsPayload, "class prototypes")
+        held = None if self.label_counts is None else self.label_counts[upload.client_id]
+        payload.validate_shape(self.num_classes, self.feature_dim, upload.sender, dtype=torch.float32, held=held)
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        for upload in uploads:
-            self.check_upload(upload)
         if not uploads:
             self.round_prototypes = torch.zeros(0, self.feature_dim)
             self.round_labels = torch.zeros(0, dtype=torch.long)

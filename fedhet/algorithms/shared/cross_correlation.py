@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from fedhet.algorithms.base import Batch, ClientModule, CollaborativePhase, build_optimizer, hparams_for
-from fedhet.algorithms.common import PreviousModelClient, PreviousModelHparams
+from fedhet.algorithms.shared.common import PreviousModelClient, PreviousModelHparams
 from fedhet.core.payloads import Payload, check_shape
 from fedhet.errors import TrainingError
 from fedhet.functional import fccm_loss, fisl_loss, instance_similarity

@@ -37,8 +37,8 @@ from fedhet.algorithms.base import (
     TrainableServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.common import AveragedClientModels, state_with_prefix
-from fedhet.core.payloads import Payload, check_like, check_shape
+from fedhet.algorithms.shared.common import AveragedClientModels, state_with_prefix
+from fedhet.core.payloads import Payload, check_counts, check_like
 from fedhet.core.state import clone_state, copy_state_into
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional import (
@@ -212,15 +212,18 @@ class GeneratorClassifierPayload(Payload):
     label_counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     def validate_against(
-        self, generator: Mapping[str, Tensor], classifier: Mapping[str, Tensor], num_classes: int, sender: str
+        self,
+        generator: Mapping[str, Tensor],
+        classifier: Mapping[str, Tensor],
+        num_classes: int,
+        sender: str,
+        held: Tensor | None = None,
     ) -> None:
-        """Finite values, the reference layouts, and non-negative integer counts of shape ``[C]``."""
+        """Finite values, the reference layouts (keys, shapes, dtypes), ``[C]`` int64 counts within ``held``."""
         self.validate(sender)
         check_like(sender, "generator", self.generator, generator, "the global generator")
         check_like(sender, "classifier", self.classifier, classifier, "the global classifier")
-        check_shape(sender, "label_counts", self.label_counts, (num_classes,))
-        if self.label_counts.is_floating_point() or bool((self.label_counts < 0).any()):
-            raise TrainingError(f"{sender} sent invalid label counts (must be non-negative integers)")
+        check_counts(sender, "label_counts", self.label_counts, num_classes, held, "label counts")
 
 
 class GeneratorClassifierClient(ClientModule):
@@ -355,6 +358,7 @@ class GeneratorClassifierServer(TrainableServerPhase):
         #: which of L_kl,1..3 the crossed distillation uses (all three; tests switch them singly)
         self.terms: tuple[bool, bool, bool] = (True, True, True)
         self.num_classes = 0
+        self.held: Tensor | None = None  # [clients, classes] examples each client holds, when the context knows
         # the round's frozen teachers: a plain list, outside the module tree and the checkpoint
         self.teachers: list[tuple[nn.Module, nn.Module]] = []
         self.round_tau: Tensor | None = None
@@ -369,6 +373,7 @@ class GeneratorClassifierServer(TrainableServerPhase):
             raise ConfigError(f"{type(self).__name__} needs a model factory to build the global classifier")
         initial = context.initial_client_state(0)
         self.num_classes = context.num_classes
+        self.held = context.label_counts
         self.generator = self.make_generator()
         copy_state_into(self.generator, state_with_prefix(initial, GENERATOR_PREFIX))
         network = context.model_factory(context.architectures[0], context.seed)
@@ -380,18 +385,22 @@ class GeneratorClassifierServer(TrainableServerPhase):
         self.register_buffer("rounds_aggregated", torch.zeros((), dtype=torch.long))
 
     # ------------------------------------------------------------------ aggregation
+    def check_upload(self, upload: ClientUpload) -> None:
+        """The global generator's and classifier's keys, shapes and dtypes, ``[C]`` int64 label counts."""
+        payload = upload.expect(GeneratorClassifierPayload, "(G_i, D_i) (GeneratorClassifierPayload)")
+        held = None if self.held is None else self.held[upload.client_id]
+        payload.validate_against(
+            self.generator.state_dict(), self.classifier.state_dict(), self.num_classes, upload.sender, held
+        )
+
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         self.teachers = []
         if not uploads:
             return
-        generator_ref = self.generator.state_dict()
-        classifier_ref = self.classifier.state_dict()
         payloads: list[GeneratorClassifierPayload] = []
         for upload in uploads:
             payload = upload.payload
-            if not isinstance(payload, GeneratorClassifierPayload):
-                raise TrainingError(f"client {upload.client_id} sent {type(payload).__name__}, expected (G_i, D_i)")
-            payload.validate_against(generator_ref, classifier_ref, self.num_classes, f"client {upload.client_id}")
+            assert isinstance(payload, GeneratorClassifierPayload)  # check_upload passed it
             self.client_label_counts[upload.client_id] = payload.label_counts.to(self.client_label_counts.device)
             payloads.append(payload)
         examples = [float(p.num_examples) for p in payloads]
