@@ -8,7 +8,7 @@ magnitude uploaded) from the round records. The defaults (``federation.upload_no
 ``docs/results/upload_bounds.json`` and printed as a markdown table.
 
 Run: ``WANDB_MODE=disabled python benchmarks/upload_bounds.py [--rounds 3] [--seeds 0 1]
-[--configs configs/experiments/digits_dir/fedavg.yaml ...]``
+[--configs configs/experiments/digits_dir/fedavg.yaml ...] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -85,14 +85,15 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=OUT, help="the JSON the results merge into")
     args = parser.parse_args()
     logging.getLogger("fedhet").setLevel(logging.WARNING)
-    results = json.loads(OUT.read_text()) if OUT.exists() else []
+    results = json.loads(args.out.read_text()) if args.out.exists() else []
     for config in args.configs:
         for seed in args.seeds:
             results = [r for r in results if (r["config"], r["seed"]) != (config, seed)]
             results.append(measure(config, seed, args.rounds))
-            OUT.write_text(json.dumps(results, indent=1) + "\n")
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
 
 
