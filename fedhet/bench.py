@@ -486,7 +486,20 @@ def validate_cells(cells: Sequence[Cell], root: Path) -> None:
             raise ConfigError(f"{cell.label}: {exc}") from None
 
 
-GridRunner = Callable[[argparse.Namespace, Sequence[str], Callable[[str], None]], int]
+@dataclass(frozen=True)
+class PageRequest:
+    """What ``fedhet bench --grid FILE`` or ``--claims GRID ...`` asks of the page writer (:mod:`fedhet.pages`)."""
+
+    grid: str | None
+    claims: tuple[str, ...] | None
+    out: Path | None
+    jobs: int
+    threads: int | None
+    report_only: bool
+    from_json: Path | None
+
+
+GridRunner = Callable[[PageRequest, Callable[[str], None]], int]
 
 
 def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print, grid: GridRunner | None = None) -> int:
@@ -508,7 +521,15 @@ def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print, grid
             raise ConfigError("--grid: the grid file holds the seeds; drop --seeds")
         if grid is None:
             raise ConfigError("--grid, --claims: run them as 'fedhet bench' (fedhet.pages writes the pages)")
-        return grid(args, extra, echo)
+        if args.claims is not None and (args.grid is not None or args.configs or args.settings or extra):
+            raise ConfigError("--claims: give only the grid files whose claims to collect")
+        if args.configs or args.settings or extra:
+            raise ConfigError(
+                "--grid: the grid file holds the configs, settings and flags; drop --configs, --set and '--'"
+            )
+        claims = None if args.claims is None else tuple(args.claims)
+        request = PageRequest(args.grid, claims, args.out, args.jobs, args.threads, args.report_only, args.from_json)
+        return grid(request, echo)
     if args.from_json is not None:
         raise ConfigError("--from_json: give it with --grid FILE (the page's grid)")
     if not args.configs:

@@ -18,7 +18,6 @@ The format is documented in ``docs/results_pages.md``.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -32,6 +31,7 @@ from typing import Any
 from fedhet.bench import (
     BLOCKS,
     Cell,
+    PageRequest,
     bars_png,
     bench_command,
     cell_state,
@@ -831,17 +831,15 @@ def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
     return text
 
 
-def grid_bench(args: argparse.Namespace, extra: Sequence[str], echo: Callable[[str], None] = print) -> int:
+def grid_bench(request: PageRequest, echo: Callable[[str], None] = print) -> int:
     """``fedhet bench --grid FILE`` (everything the page needs is in the file) or ``--claims GRID ...``."""
-    if args.claims is not None:
-        if args.grid is not None or args.configs or args.settings or extra:
-            raise ConfigError("--claims: give only the grid files whose claims to collect")
-        echo(claims_page(args.claims))
+    if request.claims is not None:
+        echo(claims_page(request.claims))
         echo(f"wrote {CLAIMS_PAGE}")
         return 0
-    if args.configs or args.settings or extra:
-        raise ConfigError("--grid: the grid file holds the configs, settings and flags; drop --configs, --set and '--'")
-    return grid_command(args.grid, args.out, args.jobs, args.threads, args.report_only, args.from_json, echo)
+    assert request.grid is not None
+    return grid_command(request.grid, request.out, request.jobs, request.threads, request.report_only,
+                        request.from_json, echo)  # fmt: skip
 
 
 def bench_main(argv: Sequence[str], echo: Callable[[str], None] = print) -> int:
