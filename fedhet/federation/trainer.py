@@ -134,7 +134,9 @@ class TrainerTemplate:
         gradient_clip_val: clip gradients to this norm (``None``: no clipping).
         accumulate_grad_batches: gradient accumulation.
         limit_train_batches: cap batches per local epoch (int) or a fraction (float).
-        deterministic: ``torch.use_deterministic_algorithms`` for each fit.
+        deterministic: ``torch.use_deterministic_algorithms`` for each fit; ``"warn"`` uses the
+            deterministic kernels where they exist and only warns about an operation that has
+            none (on a GPU, ``index_add_`` and scatter-adds), where ``True`` stops the fit.
         memory_format: ``"contiguous"`` or ``"channels_last"``: the layout of every client
             module's 4-D weights, and so of its activations (:func:`apply_memory_format`). On
             CPUs ``channels_last`` makes small CNNs' steps 1.2-1.3x faster, with numbers that
@@ -151,7 +153,7 @@ class TrainerTemplate:
         gradient_clip_val: NonNegativeFloat | None = None,
         accumulate_grad_batches: PositiveInt = 1,
         limit_train_batches: PositiveInt | Fraction | None = None,
-        deterministic: bool | None = None,
+        deterministic: bool | Literal["warn"] | None = None,
         memory_format: MemoryFormat = "contiguous",
     ) -> None:
         if devices != 1:
@@ -234,7 +236,7 @@ class ServerTrainerTemplate:
         accelerator: str = "auto",
         precision: str = "32-true",
         gradient_clip_val: float | None = None,
-        deterministic: bool | None = None,
+        deterministic: bool | Literal["warn"] | None = None,
         memory_format: MemoryFormat = "contiguous",
     ) -> None:
         self._template = TrainerTemplate(
