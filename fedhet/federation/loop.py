@@ -86,22 +86,31 @@ def relative_update(upload: Payload, download: Payload | None) -> float | None:
     if download is None:
         return None
     received = {name: tensor for name, tensor in download.tensors() if name.startswith("weights.")}
-    delta_sq, reference_sq = 0.0, 0.0
+    uploaded, references = [], []
     for name, tensor in upload.tensors():
         reference = received.get(name)
         if reference is None or not tensor.is_floating_point() or reference.shape != tensor.shape:
             continue
-        delta_sq += float((tensor.double() - reference.double()).pow(2).sum())
-        reference_sq += float(reference.double().pow(2).sum())
+        uploaded.append(tensor.detach())
+        references.append(reference.to(tensor.dtype))
+    if not uploaded:
+        return None
+    # fused over all tensors (one call each, not five per tensor: this runs for every upload of every
+    # round); the norms are accumulated in float64, so a 1e30 upload gives a finite, huge ratio
+    reference_sq = float(torch.stack(torch._foreach_norm(references, 2, dtype=torch.float64)).square().sum())
     if reference_sq <= 0.0:
         return None
+    differences = torch._foreach_sub(uploaded, references)
+    delta_sq = float(torch.stack(torch._foreach_norm(differences, 2, dtype=torch.float64)).square().sum())
     return (delta_sq / reference_sq) ** 0.5
 
 
 def largest_value(upload: Payload) -> float:
     """The largest magnitude among an upload's floating values (0 when it carries none)."""
-    values = [float(t.detach().abs().max()) for _, t in upload.tensors() if t.is_floating_point() and t.numel()]
-    return max(values, default=0.0)
+    floating = [t.detach() for _, t in upload.tensors() if t.is_floating_point() and t.numel()]
+    if not floating:
+        return 0.0
+    return float(torch.stack(torch._foreach_norm(floating, float("inf"), dtype=torch.float64)).max())
 
 
 def check_compatibility(algorithm: Algorithm, scenario: Any, architectures: Sequence[str], family_name: str) -> None:
