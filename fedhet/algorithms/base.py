@@ -649,6 +649,12 @@ class CollaborativePhase(pl.LightningModule):
         exchanged_bytes_up / exchanged_bytes_down: bytes the phase exchanged (per-batch logits,
             averaged targets ...), measured from payloads with :meth:`record_upload` and
             :meth:`record_download` and added to the round's communication ledger by the loop.
+        drop_invalid: set by the runtime under ``federation.on_invalid_upload: drop``: a
+            participant whose exchanged outputs fail their check is left out of the rest of the
+            phase (:meth:`accept`) instead of stopping the run.
+        dropped: ``{participant index: reason}`` of the participants left out this phase. They
+            neither contribute to anyone's target nor step (their loss is a constant zero, so
+            their parameters get no gradient), exactly as if they had not taken part.
     """
 
     def __init__(self, clients: Sequence[ClientModule]) -> None:
@@ -660,6 +666,26 @@ class CollaborativePhase(pl.LightningModule):
         # Set by the round loop after building the phase (schedules that decay over rounds read them).
         self.round_idx = 0
         self.total_rounds = 1
+        self.drop_invalid = False
+        self.dropped: dict[int, str] = {}
+
+    def accept(self, index: int, check: Callable[[], None]) -> bool:
+        """Whether participant ``index`` still exchanges, after ``check`` of what it is about to send.
+
+        ``check`` raises :class:`~fedhet.errors.TrainingError` on an invalid output. Under
+        :attr:`drop_invalid` the participant is then recorded in :attr:`dropped` and left out of
+        this and every later batch of the phase; otherwise the error stops the run, naming it.
+        """
+        if index in self.dropped:
+            return False
+        try:
+            check()
+        except TrainingError as error:
+            if not self.drop_invalid:
+                raise
+            self.dropped[index] = str(error)
+            return False
+        return True
 
     def record_upload(self, payload: Payload, sender: str) -> None:
         """Validate what a participant sends in this phase and count its bytes (measured, as every transfer)."""

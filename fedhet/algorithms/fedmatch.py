@@ -129,7 +129,8 @@ class FedMatchPhase(PublicDistillationPhase):
         probs = torch.stack([F.softmax(z.detach(), dim=1) for z in logits])  # [K, B, C]
         strong = self.strong_view(x) if self.hp.pseudo_label_weight > 0 else None
         losses = []
-        for i, (client, z) in enumerate(zip(self.clients, logits, strict=False)):
+        exchanging = [self.clients[index] for index in self.exchanging]
+        for i, (client, z) in enumerate(zip(exchanging, logits, strict=True)):
             helpers = (probs.sum(dim=0) - probs[i]) / (len(logits) - 1)
             loss = self.hp.consistency_weight * kl_to_target(z, helpers)
             if strong is not None:

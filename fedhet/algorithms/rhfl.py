@@ -143,9 +143,9 @@ class RHFLPhase(PublicDistillationPhase):
     Hparams = RHFLHparams
 
     def peer_confidences(self) -> Tensor:
-        """``[K]`` confidence of each participant (``1 / (K - 1)`` until the server has one)."""
-        uniform = 1.0 / max(len(self.clients) - 1, 1)
-        weights = [getattr(client, "confidence", None) for client in self.clients]
+        """``[K]`` confidence of each exchanging participant (``1 / (K - 1)`` until the server has one)."""
+        uniform = 1.0 / max(len(self.exchanging) - 1, 1)
+        weights = [getattr(self.clients[index], "confidence", None) for index in self.exchanging]
         return torch.tensor([uniform if w is None else w for w in weights])
 
     def distillation_losses(self, logits: list[Tensor], x: Tensor) -> list[Tensor]:

@@ -221,6 +221,7 @@ class FederationLoop:
             self.lr_schedule,
             feature_proj,
         )
+        self.runtime.drop_invalid_exchanges = settings.on_invalid_upload == "drop"
         if algorithm.capabilities.common_feature_dim:
             dims = {a: int(self.runtime.module(a).model.num_features) for a in sorted(set(self.architectures))}
             if len(set(dims.values())) > 1:
@@ -338,6 +339,9 @@ class FederationLoop:
             results, bytes_up, bytes_down = self.executor.fit_collaborative(tasks)
             self.ledger.record_up(bytes_up)
             self.ledger.record_down(bytes_down)
+            for result in results:
+                if result.dropped is not None:
+                    self._record_drop(step_idx, result.client_id, result.dropped)
         else:
             results = self.executor.fit_clients(
                 tasks, on_result=lambda done: self._notify("on_client_end", step_idx, done, len(tasks))
@@ -417,8 +421,7 @@ class FederationLoop:
             except TrainingError as error:
                 if self.settings.on_invalid_upload == "fail":
                     raise TrainingError(f"round {step_idx}: {error}") from None
-                log.warning("dropped the upload of client %d in round %d: %s", upload.client_id, step_idx, error)
-                self.dropped_uploads.append({"round": step_idx, "client": upload.client_id, "reason": str(error)})
+                self._record_drop(step_idx, upload.client_id, str(error))
                 continue
             accepted.append(upload)
             # the largest accepted values of the round, logged so bounds can be chosen from data
@@ -427,6 +430,11 @@ class FederationLoop:
             if ratio is not None:
                 stats["comm/max_update_ratio"] = max(stats.get("comm/max_update_ratio", 0.0), ratio)
         return accepted
+
+    def _record_drop(self, step_idx: int, client_id: int, reason: str) -> None:
+        """Count an upload (or a lock-step exchange) left out under ``on_invalid_upload: drop``."""
+        log.warning("dropped the upload of client %d in round %d: %s", client_id, step_idx, reason)
+        self.dropped_uploads.append({"round": step_idx, "client": client_id, "reason": reason})
 
     def _check_bounds(self, step_idx: int, upload: ClientUpload) -> tuple[float | None, float]:
         """Raise a one-line :class:`TrainingError` if ``upload`` exceeds the value or the norm bound.

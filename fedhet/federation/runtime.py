@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Algorithm, ClientModule, DataFormat, LocalStage
+from fedhet.algorithms.base import Algorithm, ClientModule, CollaborativePhase, DataFormat, LocalStage
 from fedhet.core.payloads import Payload
 from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
@@ -70,6 +70,8 @@ class ClientResult:
     upload: Payload | None
     state: ClientState
     metrics: dict[str, float]
+    #: why the client's lock-step exchange was left out of the round (``on_invalid_upload: drop``)
+    dropped: str | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,9 @@ class ClientRuntime:
         self.trainer = trainer
         self.seed = seed
         self.persist_optimizer_state = persist_optimizer_state
+        #: leave a lock-step participant whose exchanged outputs are invalid out of the phase instead
+        #: of stopping the run (the loop sets it from ``federation.on_invalid_upload``)
+        self.drop_invalid_exchanges = False
         self._modules: dict[tuple[str, int], ClientModule] = {}
         #: the last initial state built per architecture, keyed by its initialisation seed
         self._initial: dict[str, tuple[int, dict[str, Tensor]]] = {}
@@ -376,7 +381,9 @@ class ClientRuntime:
             return None
         return dataclasses.replace(upload.to("cpu"), num_examples=len(train))
 
-    def _collaborate(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientModule], list[ClientState], int, int]:
+    def _collaborate(
+        self, tasks: Sequence[ClientTask]
+    ) -> tuple[list[ClientModule], list[ClientState], CollaborativePhase]:
         """Materialise every participant live at once (download applied once) and run the lock-step phase."""
         slots: dict[str, int] = {}
         modules: list[ClientModule] = []
@@ -393,6 +400,7 @@ class ClientRuntime:
                 f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase"
             )
         phase.round_idx, phase.total_rounds = tasks[0].round_idx, self.rounds
+        phase.drop_invalid = self.drop_invalid_exchanges
         seed = derive_seed(self.seed, "collaborate", tasks[0].step)
         trainer = self.trainer.build(
             callbacks=self.lr_callbacks(tasks[0]),
@@ -402,19 +410,19 @@ class ClientRuntime:
         )
         with seeded(seed, self.device):
             trainer.fit(phase, train_dataloaders=self.scenario.public_loader(seed))
-        return modules, states, phase.exchanged_bytes_up, phase.exchanged_bytes_down
+        return modules, states, phase
 
     def collaborate(self, tasks: Sequence[ClientTask]) -> CollaborationResult:
         """The lock-step phase alone: each participant's state right after it, and the bytes exchanged.
 
         The round loop runs :meth:`fit_collaborative`; this is for diagnostics and tests of the phase.
         """
-        modules, states, bytes_up, bytes_down = self._collaborate(tasks)
+        modules, states, phase = self._collaborate(tasks)
         after = [
             {"module": clone_state(module.client_state()), "optimizer": state.get("optimizer")}
             for module, state in zip(modules, states, strict=True)
         ]
-        return CollaborationResult(after, bytes_up, bytes_down)
+        return CollaborationResult(after, phase.exchanged_bytes_up, phase.exchanged_bytes_down)
 
     def fit_collaborative(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientResult], int, int]:
         """The lock-step phase with every participant live at once, then each one's local stages.
@@ -423,11 +431,12 @@ class ClientRuntime:
         public batches as the others, and goes on to its local update in the same live module.
         Returns the results and the bytes the lock-step phase exchanged (up, down).
         """
-        modules, states, bytes_up, bytes_down = self._collaborate(tasks)
+        modules, states, phase = self._collaborate(tasks)
         results = [
-            self._train_local(module, task, state) for module, task, state in zip(modules, tasks, states, strict=True)
+            dataclasses.replace(self._train_local(module, task, state), dropped=phase.dropped.get(index))
+            for index, (module, task, state) in enumerate(zip(modules, tasks, states, strict=True))
         ]
-        return results, bytes_up, bytes_down
+        return results, phase.exchanged_bytes_up, phase.exchanged_bytes_down
 
     # ------------------------------------------------------------------ evaluation
     def _batches_on_device(self, data: Any) -> Iterator[tuple[Tensor, Tensor]]:

@@ -738,6 +738,8 @@ class PublicDistillationPhase(CollaborativePhase, ABC):
     def __init__(self, clients: Sequence[ClientModule], hp: Any = None, **overrides: Any) -> None:
         super().__init__(clients)
         self.hp: Any = hparams_for(type(self), hp, overrides)
+        #: indices of the participants exchanging on the current batch (set by :meth:`public_logits`)
+        self.exchanging: list[int] = list(range(len(clients)))
 
     def start_round(self) -> int:
         """Rounds before this one skip collaboration (a local-only warm-up; none by default)."""
@@ -749,23 +751,40 @@ class PublicDistillationPhase(CollaborativePhase, ABC):
 
     @abstractmethod
     def distillation_losses(self, logits: list[Tensor], x: Tensor) -> list[Tensor]:
-        """One loss per participant from everyone's logits on public batch ``x``."""
+        """One loss per exchanging participant (:attr:`exchanging`, in order) from their logits on ``x``."""
 
     def public_logits(self, x: Tensor) -> list[Tensor]:
-        """Every participant's logits on ``x``, validated as the server would receive them."""
-        logits = []
+        """The exchanging participants' logits on ``x``, validated as the server would receive them.
+
+        Sets :attr:`exchanging`: the indices of the participants whose logits are valid (all of
+        them, unless one was left out under ``on_invalid_upload: drop``; see :meth:`accept`).
+        """
+        logits, self.exchanging = [], []
         for index, client in enumerate(self.clients):
+            if index in self.dropped:
+                continue
             z = client(x)
             upload = PublicLogitsPayload(logits=z.detach().float())
-            upload.validate_shape(x.shape[0], client.num_classes, f"participant {index}")
-            self.record_upload(upload, f"participant {index}")
+            sender, classes = f"participant {index}", client.num_classes
+
+            def check(upload: PublicLogitsPayload = upload, sender: str = sender, classes: int = classes) -> None:
+                upload.validate_shape(x.shape[0], classes, sender)  # shape, then finite values
+
+            if not self.accept(index, check):
+                continue
+            self.record_upload(upload, sender)
             # the server answers each participant with one target of the same shape
             self.record_download(PublicLogitsPayload(logits=upload.logits))
             logits.append(z)
+            self.exchanging.append(index)
         return logits
 
     def collaborative_losses(self, x: Tensor) -> list[Tensor]:
-        return self.distillation_losses(self.public_logits(x), x)
+        logits = self.public_logits(x)
+        losses = [x.new_zeros(()) for _ in self.clients]  # a participant left out does not step
+        for index, loss in zip(self.exchanging, self.distillation_losses(logits, x) if logits else [], strict=True):
+            losses[index] = loss
+        return losses
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
         if self.round_idx < self.start_round():

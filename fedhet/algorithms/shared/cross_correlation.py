@@ -108,8 +108,8 @@ class CrossCorrelationCollaboration(CollaborativePhase):
         return build_optimizer(client.model.parameters(), "adam", self.hp.public_lr, 0.0, 0.0)
 
     def ready(self) -> list[int]:
-        """Indices of the participants taking part in this phase."""
-        return [i for i, client in enumerate(self.clients) if client.ready_to_collaborate()]
+        """Indices of the participants taking part in this phase (not those left out of it, :meth:`accept`)."""
+        return [i for i, client in enumerate(self.clients) if client.ready_to_collaborate() and i not in self.dropped]
 
     def collaborative_losses(self, x: Tensor) -> list[Tensor]:
         """One loss per participant (zero for those not ready); records the bytes exchanged."""
@@ -123,12 +123,18 @@ class CrossCorrelationCollaboration(CollaborativePhase):
             features = model.forward_features(x)
             logits = model.forward_head(features)
             similarity = instance_similarity(features, self.hp.similarity_temperature) if with_fisl else None
-            outputs[i] = (logits, similarity)
             upload = PublicOutputsPayload(
                 logits=logits.detach().float(),
                 similarity=similarity.detach().float() if similarity is not None else torch.zeros(0, device=x.device),
             )
-            upload.validate_shape(x.shape[0], logits.shape[1], with_fisl, f"participant {i}")
+            sender, classes = f"participant {i}", logits.shape[1]
+
+            def check(upload: PublicOutputsPayload = upload, classes: int = classes, sender: str = sender) -> None:
+                upload.validate_shape(x.shape[0], classes, with_fisl, sender)
+
+            if not self.accept(i, check):
+                continue  # left out under on_invalid_upload: drop; its loss stays a constant zero
+            outputs[i] = (logits, similarity)
             uploads.append(upload)
         losses = [x.new_zeros(()) for _ in self.clients]
         if not uploads:
