@@ -22,12 +22,18 @@ Local objective: ``CE(f(x), y) + generated_weight * CE(head(G(z, y^)), y^)
 + latent_kl_weight * KL(softmax(head(G(z, y)) / T) || softmax(f(x) / T))``, ``y^`` drawn from
 the global label counts, ``y`` the real batch's labels (the official code's ``user_latent_loss``:
 the head's output on generated features of the same labels is the target), the generator in
-training mode (batch statistics) as HtFLlib. ``latent_kl_weight`` is 0 by default (HtFLlib);
+training mode (batch statistics) as HtFLlib (the official client runs it in eval mode).
+``latent_kl_weight`` is 0 by default (HtFLlib);
 FedMD-CG's baselines use 1 with ``T = 10`` (its authors' FedGen, spec ``reference/fedmdcg.md``
 section 8).
 Deviations from paper/official code: the ensemble weights ``a_k(y)`` are the paper's per-class
 shares ``n_k^y / sum_j n_j^y`` (``ensemble_weighting="label"``); HtFLlib uses sample shares
-``n_k / n`` (``"samples"``). The diversity loss (paper Eq. 7, official ``DiversityLoss('l1')``,
+``n_k / n`` (``"samples"``). The weights enter the loss as in HtFLlib and the paper's Eq. 4 (one
+cross-entropy of the weighted sum of the heads' logits); the official ``train_generator`` instead
+sums each head's own cross-entropy weighted by ``a_k(y)``. Labels (the server's and the clients'
+``y^``) are drawn from the label counts, the paper's ``y ~ p^(y)`` and HtFLlib's (each label
+repeated by its count); the official code draws them uniformly over the labels present. The
+diversity loss (paper Eq. 7, official ``DiversityLoss('l1')``,
 weight 1) is on; HtFLlib has none (``diversity_weight=0``). As in HtFLlib, clients add by default
 only the generated-feature CE with a constant weight 1 (the official code also adds the KL term,
 ``latent_kl_weight``, and decays both weights by 0.98 per round; the decay is not reproduced),
