@@ -591,8 +591,25 @@ class ServerRefinement(RefineStage):
         self.load_state_dict(dict(state))
 
 
+def _base_attribute(name: str) -> property:
+    """An attribute of :class:`RefinedServer` that lives on its base server (the loop sets it on the wrapper)."""
+    return property(
+        lambda self: getattr(self.base, name),
+        lambda self, value: setattr(self.base, name, value),
+        doc=f"The base server's ``{name}`` (set by the loop on the wrapper, read by the base).",
+    )
+
+
 class RefinedServer(ServerPhase):
-    """A base server followed by a :class:`ServerRefinement` (the composition the plugins use)."""
+    """A base server followed by a :class:`ServerRefinement` (the composition the plugins use).
+
+    The run position the loop sets on a server (``phase``, ``round_idx``, ``total_rounds``) is
+    the base server's own, so a base that schedules by round behaves the same wrapped or not.
+    """
+
+    phase = _base_attribute("phase")  # type: ignore[assignment]
+    round_idx = _base_attribute("round_idx")  # type: ignore[assignment]
+    total_rounds = _base_attribute("total_rounds")  # type: ignore[assignment]
 
     def __init__(self, base: ServerPhase, refinement: ServerRefinement) -> None:
         self.base = base

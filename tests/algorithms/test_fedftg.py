@@ -201,3 +201,13 @@ def test_the_plain_average_is_scored_next_to_the_fine_tuned_model_every_round():
     assert untuned.history[-1]["acc_server_plain_average"] == untuned.history[-1]["acc_server"]
     plain, _ = label_skew_run(FedAvg(), rounds=1)
     assert not any(key.startswith("acc_server_") for key in plain.history[-1])  # other methods log nothing new
+
+
+def test_the_run_position_set_on_a_refined_server_reaches_its_base():
+    """The loop sets phase, round and rounds on the wrapper; the base server (FedAvg's) reads the same values."""
+    from fedhet.algorithms import FedFTG
+
+    server = FedFTG().build_server()
+    server.phase, server.round_idx, server.total_rounds = "finetune", 3, 7
+    assert (server.base.phase, server.base.round_idx, server.base.total_rounds) == ("finetune", 3, 7)
+    assert (server.phase, server.round_idx, server.total_rounds) == ("finetune", 3, 7)

@@ -56,8 +56,9 @@ def test_a_dropped_participant_is_as_if_it_never_took_part(name):
 
     reference = _clients(algorithm, [10, 12])
     collaborative_step(algorithm, reference, _public())
-    for mine, theirs, what in ((clients[0], reference[0], "participant 0"), (clients[2], reference[1], "participant 2")):
-        assert_states_close(mine.client_state(), clone(theirs.client_state()), f"{name} {what}")
+    for mine, theirs in ((0, 0), (2, 1)):
+        state = clone(reference[theirs].client_state())
+        assert_states_close(clients[mine].client_state(), state, f"{name} participant {mine}")
     for key, value in clients[1].named_parameters():  # no step (its BatchNorm saw the first batch's forward)
         assert torch.equal(value.isnan(), before[key].isnan()), key
         assert torch.equal(value.nan_to_num(), before[key].nan_to_num()), key
@@ -65,6 +66,7 @@ def test_a_dropped_participant_is_as_if_it_never_took_part(name):
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_without_drop_the_invalid_participant_stops_the_phase_by_name(name):
+    """Under ``fail`` (the default) the phase stops with one line naming the participant."""
     algorithm = METHODS[name]()
     with pytest.raises(TrainingError, match="participant 1 sent non-finite values"):
         collaborative_step(algorithm, _clients(algorithm, [10, 11, 12], poisoned=[1]), _public())
