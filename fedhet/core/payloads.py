@@ -80,6 +80,31 @@ class Payload:
             "lower the learning rate or enable gradient clipping (--trainer.gradient_clip_val)"
         )
 
+    def largest_magnitude(self) -> float:
+        """The largest magnitude among the floating values carried (0 when there are none)."""
+        floating = [t.detach() for _, t in self.tensors() if t.is_floating_point() and t.numel()]
+        if not floating:
+            return 0.0
+        # fused over all tensors, accumulated in float64 (this runs for every upload and exchange)
+        return float(torch.stack(torch._foreach_norm(floating, float("inf"), dtype=torch.float64)).max())
+
+    def check_value_bound(self, bound: float | None, sender: str = "client") -> float:
+        """Refuse a payload carrying a value larger in magnitude than ``bound`` (``federation.upload_value_bound``).
+
+        Returns:
+            The largest magnitude (logged, so bounds can be chosen from data).
+
+        Raises:
+            TrainingError: one line naming the sender, the magnitude and the fix.
+        """
+        largest = self.largest_magnitude()
+        if bound is not None and largest > bound:
+            raise TrainingError(
+                f"{sender} sent a value of magnitude {largest:.3g} (bound {bound:g}); "
+                "a diverged or poisoned client, or raise federation.upload_value_bound"
+            )
+        return largest
+
     def map_tensors(self, fn: Callable[[str, Tensor], Tensor]) -> Payload:
         """Return a copy with every tensor replaced by ``fn(name, tensor)`` (names as :meth:`tensors`)."""
 

@@ -105,14 +105,6 @@ def relative_update(upload: Payload, download: Payload | None) -> float | None:
     return (delta_sq / reference_sq) ** 0.5
 
 
-def largest_value(upload: Payload) -> float:
-    """The largest magnitude among an upload's floating values (0 when it carries none)."""
-    floating = [t.detach() for _, t in upload.tensors() if t.is_floating_point() and t.numel()]
-    if not floating:
-        return 0.0
-    return float(torch.stack(torch._foreach_norm(floating, float("inf"), dtype=torch.float64)).max())
-
-
 def check_compatibility(algorithm: Algorithm, scenario: Any, architectures: Sequence[str], family_name: str) -> None:
     """Refuse a method/scenario/model-family combination the method does not support, in one line."""
     caps = algorithm.capabilities
@@ -222,6 +214,7 @@ class FederationLoop:
             feature_proj,
         )
         self.runtime.drop_invalid_exchanges = settings.on_invalid_upload == "drop"
+        self.runtime.exchange_value_bound = settings.upload_value_bound
         if algorithm.capabilities.common_feature_dim:
             dims = {a: int(self.runtime.module(a).model.num_features) for a in sorted(set(self.architectures))}
             if len(set(dims.values())) > 1:
@@ -443,13 +436,7 @@ class FederationLoop:
             ``(relative update, largest value)`` of an upload within both bounds.
         """
         sender = f"client {upload.client_id}"
-        largest = largest_value(upload.payload)
-        if self.settings.upload_value_bound is not None:
-            if largest > self.settings.upload_value_bound:
-                raise TrainingError(
-                    f"{sender} sent a value of magnitude {largest:.3g} (bound {self.settings.upload_value_bound:g}); "
-                    "a diverged or poisoned client, or raise federation.upload_value_bound"
-                )
+        largest = upload.payload.check_value_bound(self.settings.upload_value_bound, sender)
         ratio = relative_update(upload.payload, self._downloads.get((step_idx, upload.client_id)))
         bound = self.settings.upload_norm_bound
         if bound is not None and ratio is not None and ratio > bound:

@@ -232,6 +232,8 @@ class ClientRuntime:
         #: leave a lock-step participant whose exchanged outputs are invalid out of the phase instead
         #: of stopping the run (the loop sets it from ``federation.on_invalid_upload``)
         self.drop_invalid_exchanges = False
+        #: ``federation.upload_value_bound`` for what lock-step participants exchange (set by the loop)
+        self.exchange_value_bound: float | None = None
         self._modules: dict[tuple[str, int], ClientModule] = {}
         #: the last initial state built per architecture, keyed by its initialisation seed
         self._initial: dict[str, tuple[int, dict[str, Tensor]]] = {}
@@ -400,7 +402,7 @@ class ClientRuntime:
                 f"{self.algorithm.name} declares collaborative epochs but builds no collaborative phase"
             )
         phase.round_idx, phase.total_rounds = tasks[0].round_idx, self.rounds
-        phase.drop_invalid = self.drop_invalid_exchanges
+        phase.drop_invalid, phase.value_bound = self.drop_invalid_exchanges, self.exchange_value_bound
         seed = derive_seed(self.seed, "collaborate", tasks[0].step)
         trainer = self.trainer.build(
             callbacks=self.lr_callbacks(tasks[0]),

@@ -331,18 +331,20 @@ def collaborative_step(
     round_idx: int = 0,
     recorder: RngRecorder | None = None,
     drop_invalid: bool = False,
+    value_bound: float | None = None,
 ) -> Any:
     """The lock-step collaborative phase as ``ClientRuntime._collaborate`` runs it; returns the phase.
 
     ``algorithm.build_collaborative_phase`` over the live client modules, fitted for
     ``algorithm.collaborative_epochs()`` passes over ``loader`` (not shuffled) on a lean CPU Trainer.
     ``recorder`` (optional) receives the global RNG state each public step started with;
-    ``drop_invalid`` is what the runtime sets under ``federation.on_invalid_upload: drop``.
+    ``drop_invalid`` and ``value_bound`` are what the runtime sets from ``federation.on_invalid_upload``
+    and ``federation.upload_value_bound``.
     """
     silence_lightning()
     phase = algorithm.build_collaborative_phase(list(clients))
     phase.round_idx, phase.total_rounds = round_idx, 4
-    phase.drop_invalid = drop_invalid
+    phase.drop_invalid, phase.value_bound = drop_invalid, value_bound
     template = TrainerTemplate(accelerator="cpu")
     trainer = template.build(
         callbacks=[recorder] if recorder is not None else [],

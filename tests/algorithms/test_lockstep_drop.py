@@ -33,11 +33,15 @@ METHODS = {
 }
 
 
-def _clients(algorithm, seeds, poisoned=()):
+#: what a poisoned participant's head bias holds, and the words its refusal must contain
+POISONS = {"nan": (float("nan"), "non-finite"), "1e30": (1e30, "magnitude 1e+30 (bound 1e+06)")}
+
+
+def _clients(algorithm, seeds, poisoned=(), poison="nan"):
     clients = [algorithm.build_client(TinyBNNet(CHANNELS, M, seed=seed), M) for seed in seeds]
     for index in poisoned:
         with torch.no_grad():
-            clients[index].model.head.bias.fill_(float("nan"))
+            clients[index].model.head.bias.fill_(POISONS[poison][0])
     return clients
 
 
@@ -45,14 +49,15 @@ def _public():
     return unlabelled_loader([batch(50 + i, size=B)[0] for i in range(2)])
 
 
+@pytest.mark.parametrize("poison", sorted(POISONS))
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_a_dropped_participant_is_as_if_it_never_took_part(name):
-    """Three participants, the middle one with NaN logits: the other two end where a two-participant phase ends."""
+def test_a_dropped_participant_is_as_if_it_never_took_part(name, poison):
+    """Three participants, the middle one with NaN (or 1e30) logits: the others end as in a two-participant phase."""
     algorithm = METHODS[name]()
-    clients = _clients(algorithm, [10, 11, 12], poisoned=[1])
+    clients = _clients(algorithm, [10, 11, 12], poisoned=[1], poison=poison)
     before = {k: v.clone() for k, v in clients[1].named_parameters()}
-    phase = collaborative_step(algorithm, clients, _public(), drop_invalid=True)
-    assert list(phase.dropped) == [1] and "participant 1" in phase.dropped[1] and "non-finite" in phase.dropped[1]
+    phase = collaborative_step(algorithm, clients, _public(), drop_invalid=True, value_bound=1e6)
+    assert list(phase.dropped) == [1] and "participant 1" in phase.dropped[1] and POISONS[poison][1] in phase.dropped[1]
 
     reference = _clients(algorithm, [10, 12])
     collaborative_step(algorithm, reference, _public())

@@ -769,6 +769,7 @@ class PublicDistillationPhase(CollaborativePhase, ABC):
 
             def check(upload: PublicLogitsPayload = upload, sender: str = sender, classes: int = classes) -> None:
                 upload.validate_shape(x.shape[0], classes, sender)  # shape, then finite values
+                self.check_exchange(upload, sender)
 
             if not self.accept(index, check):
                 continue

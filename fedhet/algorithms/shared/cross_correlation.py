@@ -131,6 +131,7 @@ class CrossCorrelationCollaboration(CollaborativePhase):
 
             def check(upload: PublicOutputsPayload = upload, classes: int = classes, sender: str = sender) -> None:
                 upload.validate_shape(x.shape[0], classes, with_fisl, sender)
+                self.check_exchange(upload, sender)
 
             if not self.accept(i, check):
                 continue  # left out under on_invalid_upload: drop; its loss stays a constant zero
