@@ -477,10 +477,21 @@ def select(trials: Sequence[TrialRecord], label: str) -> TrialRecord:
 
 def write_selected_config(config: str, row_flags: Sequence[str], params: Mapping[str, Any], path: Path,
                           header: str) -> None:  # fmt: skip
-    """The row's config with its flags and the selected values, resolved into one file ``fedhet fit --config`` runs."""
+    """The row's config with its flags and the selected values, resolved into one file ``fedhet fit --config`` runs.
+
+    A file already there that resolves to the same run is kept byte for byte: the row's seed runs
+    are tagged with its digest (:meth:`fedhet.pages.GridPage.selection_tag`), and a key that a
+    later fedhet adds with its default (the file then lacks it) must not orphan runs of the same
+    selection.
+    """
     resolved = resolved_config(config, [*row_flags, *(override_flag(k, v) for k, v in params.items())])
     with PARSE_LOCK:
         text = fit_parser().dump(resolved, skip_none=False)
+    if path.is_file():
+        previous = resolved_config(str(path), [])
+        with PARSE_LOCK:
+            if fit_parser().dump(previous, skip_none=False) == text:
+                return
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, comment + text)

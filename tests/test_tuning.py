@@ -138,6 +138,21 @@ def test_selected_config_runs_with_fedhet_fit(tmp_path, fake_fit):
     assert config.method.class_path == "fedhet.algorithms.FedAvg"
 
 
+def test_a_selected_config_that_resolves_to_the_same_run_is_kept_byte_for_byte(tmp_path):
+    """A key later added with its default must not change the file whose digest tags the row's seed runs."""
+    from fedhet.tuning import write_selected_config
+
+    path = tmp_path / "row.yaml"
+    write_selected_config(FEDAVG, ["--rounds=3"], {"method.init_args.lr": 0.05}, path, "header")
+    older = "".join(line for line in path.read_text().splitlines(keepends=True) if not line.startswith("feature_proj:"))
+    assert older != path.read_text()  # as an earlier fedhet wrote it, without a key added since
+    path.write_text(older)
+    write_selected_config(FEDAVG, ["--rounds=3"], {"method.init_args.lr": 0.05}, path, "header")
+    assert path.read_text() == older
+    write_selected_config(FEDAVG, ["--rounds=3"], {"method.init_args.lr": 0.07}, path, "header")  # another selection
+    assert "lr: 0.07" in path.read_text() and "feature_proj: pool" in path.read_text()
+
+
 def test_same_seed_same_proposals_and_a_longer_budget_continues_the_study(tmp_path, fake_fit):
     """Same seed, same proposals; a study resumed with a larger budget equals the uninterrupted one."""
     full = _tune(tmp_path, _plan(trials=3), root="full")["a"].trials
