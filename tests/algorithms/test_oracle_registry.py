@@ -20,7 +20,7 @@ from fedhet.catalog import METHODS
 HERE = Path(__file__).parent
 
 #: Registered methods without a one-step oracle yet (the backlog; remove a name when its oracle lands).
-AWAITING_ORACLE: frozenset[str] = frozenset({"fedcg", "feddf_server", "fedgen", "fedkd", "fedtype"})
+AWAITING_ORACLE: frozenset[str] = frozenset({"feddf_server", "fedgen"})
 
 
 def declared_covers() -> dict[str, set[str]]:
