@@ -22,7 +22,11 @@ settings), which the oracle follows too:
 Three clients run round 0, the server aggregates, and client 0 runs round 1 from the download
 (``gamma = 1/8`` with ``R = 3``) with its carried Adam states. Every parameter and buffer
 (``F_i``, ``D_i``, ``G_i``, the discriminator, the server's ``G`` and ``D``) is compared with the
-oracle to 1e-6, for the defaults and the documented switches.
+oracle to 1e-6, for the defaults and the documented switches. The discriminator's fresh
+initialisation draws from the global RNG, which a test process does not fix, so the clients are
+built under fixed seeds and the numbers are the same on every run (scanning 40 other
+initialisations, one left a 2e-6 difference: the ``code`` form's KL divided by ``C`` at ``T = 3``
+gives Adam gradients small enough that float rounding shows).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from torch import Tensor, nn
 
 from fedhet.algorithms import get_algorithm
 from fedhet.algorithms.base import ClientUpload, ServerContext
-from fedhet.seeding import derive_seed
+from fedhet.seeding import derive_seed, seeded
 from tests.algorithms.oracle import (
     AdamOracle,
     TinyBNNet,
@@ -212,12 +216,18 @@ def oracle_server(uploads: list[dict], rng: list[Tensor], hp) -> tuple[dict, dic
 @pytest.mark.parametrize("switch", sorted(SWITCHES))
 def test_fedcg_matches_the_oracle(switch):
     """Round 0 on three clients, the server round, round 1 on client 0: every state to 1e-6."""
+    run_case(switch)
+
+
+def run_case(switch: str, seed: int = 0) -> None:
+    """The three steps of the module docstring with ``SWITCHES[switch]``, each against the oracle."""
     hp = {**DEFAULTS, **SWITCHES[switch]}
     algorithm = get_algorithm("fedcg")(**TINY, **SWITCHES[switch])
     algorithm.configure(FORMAT)
     modules, states = [], []
     for cid in range(3):
-        module = algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M)
+        with seeded(seed + cid):  # the discriminator's fresh initialisation draws from the global RNG
+            module = algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10 + cid), M)
         state = scaled_before_batch_norm(module.client_state(), GENERATOR_BN_PAIRS)
         module.load_client_state(state)
         modules.append(module)
