@@ -71,16 +71,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # oracles compare to 1e-6: o
 ORACLE_COVERS = {"fedcg"}
 
 SERVER_SEED, TOTAL_ROUNDS = 31, 3
+#: four server steps and a strong coupled decay: Adam's first step is ``lr sign(g)`` whatever the
+#: gradient's scale, so with fewer steps and a weak decay a wrong weight or temperature barely shows
 TINY = dict(
     local_steps=2,
-    server_steps=2,
+    server_steps=4,
     server_batch_size=5,
     noise_dim=3,
     generator_hidden=(6, 5),
     generator_lr=0.01,
     generator_weight_decay=1e-3,
     server_lr=0.01,
-    server_weight_decay=1e-3,
+    server_weight_decay=1e-2,
     server_temperature=3.0,
     lr=0.1,
     weight_decay=1e-3,
