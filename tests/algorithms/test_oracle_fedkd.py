@@ -19,8 +19,10 @@ distillation", Nature Communications 2022, Eq. 1-6) with fedhet's documented cho
 
 Two clients (TinyBNNet teachers, a ``cnn_tiny`` student with BatchNorm) run round 0 for two
 steps, the server aggregates, and client 0 runs round 1 from the download with its kept teacher
-and ``W_h``. Every parameter and buffer, both uploads (decompressed) and the download are
-compared with the oracle to 1e-6. The energy is low enough that truncation changes the numbers
+and ``W_h``, with fedhet's defaults, with clipping, and with HtFLlib's choices (compressed weights
+rather than updates, sample-weighted average, KL averaged over classes too). Every parameter and
+buffer, both uploads (decompressed), the server's student and the download are compared with the
+oracle to 1e-6. The energy is low enough that truncation changes the numbers
 (checked), so a missing or wrong compression fails too.
 """
 
@@ -84,16 +86,18 @@ def truncated(state: dict[str, Tensor], keep: float) -> dict[str, Tensor]:
     return out
 
 
-def kl(target_logits: Tensor, logits: Tensor) -> Tensor:
-    """``KL(softmax(target) || softmax(logits))`` per sample, batch mean; the target a constant."""
+def kl(target_logits: Tensor, logits: Tensor, reduction: str) -> Tensor:
+    """``KL(softmax(target) || softmax(logits))`` per sample, batch mean (``"mean"``: also over classes)."""
     p = torch.softmax(target_logits.detach(), 1)
-    return (p * (torch.log_softmax(target_logits.detach(), 1) - torch.log_softmax(logits, 1))).sum(1).mean()
+    per_sample = (p * (torch.log_softmax(target_logits.detach(), 1) - torch.log_softmax(logits, 1))).sum(1)
+    return per_sample.mean() / (M if reduction == "mean" else 1)
 
 
 class OracleClient:
     """A FedKD client in plain PyTorch: teacher, student, ``W_h``."""
 
-    def __init__(self, state: dict[str, Tensor], student_template: torch.nn.Module, max_grad_norm) -> None:
+    def __init__(self, state: dict[str, Tensor], student_template: torch.nn.Module, max_grad_norm, hp) -> None:
+        self.hp = hp
         self.teacher = TinyBNNet(CHANNELS, M)
         self.teacher.load_state_dict(without_prefix(state, "model."))
         self.student = copy.deepcopy(student_template)
@@ -112,11 +116,10 @@ class OracleClient:
             **prefixed(clone(self.hidden_map.state_dict()), "hidden_map."),
         }
 
-    def round(self, data, round_idx: int, download: dict[str, Tensor] | None) -> dict[str, Tensor]:
-        """Receive, ``STEPS`` SGD steps of ``L_t + L_s``; returns the truncated student update."""
+    def round(self, data, download: dict[str, Tensor] | None) -> None:
+        """Receive the (decompressed) student, then ``STEPS`` SGD steps of ``L_t + L_s``."""
         if download is not None:
             self.student.load_state_dict(download)
-        start = clone(self.student.state_dict())
         x, y = data
         for _ in range(STEPS):
             self.teacher.train()
@@ -127,26 +130,30 @@ class OracleClient:
             mapped = self.hidden_map(h_s)
             ce_t, ce_s = F.cross_entropy(z_t, y), F.cross_entropy(z_s, y)
             w = 1.0 / (ce_t.detach() + ce_s.detach())  # Eq. 1-4, a constant weight
-            loss_t = ce_t + w * kl(z_s, z_t) + w * F.mse_loss(h_t, mapped.detach())
-            loss_s = ce_s + w * kl(z_t, z_s) + w * F.mse_loss(h_t.detach(), mapped)
+            reduction = self.hp["kl_reduction"]
+            loss_t = ce_t + w * kl(z_s, z_t, reduction) + w * F.mse_loss(h_t, mapped.detach())
+            loss_s = ce_s + w * kl(z_t, z_s, reduction) + w * F.mse_loss(h_t.detach(), mapped)
             (loss_t + loss_s).backward()
             if self.max_grad_norm is not None:
                 groups = [self.teacher.parameters(), self.student.parameters(), self.hidden_map.parameters()]
                 clip_each([list(g) for g in groups], self.max_grad_norm)
             sgd_step(self.teacher.parameters(), LR, WEIGHT_DECAY)
             sgd_step([*self.student.parameters(), *self.hidden_map.parameters()], STUDENT_LR, WEIGHT_DECAY)
-        update = {k: v - start[k] if v.is_floating_point() else v.clone() for k, v in self.student.state_dict().items()}
-        return truncated(update, energy(round_idx))
 
 
-@pytest.mark.parametrize("max_grad_norm", [None, 0.5])
-def test_fedkd_matches_the_oracle(max_grad_norm):
+DEFAULTS = {"compressed_quantity": "update", "student_weighting": "uniform", "kl_reduction": "batchmean"}
+HTFLLIB = {"compressed_quantity": "weights", "student_weighting": "samples", "kl_reduction": "mean"}
+
+
+@pytest.mark.parametrize(("max_grad_norm", "switches"), [(None, {}), (0.5, {}), (None, HTFLLIB)])
+def test_fedkd_matches_the_oracle(max_grad_norm, switches):
     """Two clients' round 0, the server's average and compressed download, client 0's round 1."""
-    run_case(max_grad_norm)
+    run_case(max_grad_norm, switches)
 
 
-def run_case(max_grad_norm: float | None, seed: int = 0) -> None:
-    """The three steps of the module docstring, each against the oracle."""
+def run_case(max_grad_norm: float | None, switches: dict, seed: int = 0) -> None:
+    """The three steps of the module docstring, each against the oracle (``switches``: HtFLlib's choices)."""
+    hp = {**DEFAULTS, **switches}
     algorithm = get_algorithm("fedkd")(
         lr=LR,
         weight_decay=WEIGHT_DECAY,
@@ -155,6 +162,7 @@ def run_case(max_grad_norm: float | None, seed: int = 0) -> None:
         t_start=T_START,
         t_end=T_END,
         max_grad_norm=max_grad_norm,
+        **switches,
     )
     algorithm.configure(FORMAT)
     modules = []
@@ -182,13 +190,18 @@ def run_case(max_grad_norm: float | None, seed: int = 0) -> None:
     for cid, module in enumerate(modules):
         data = batch(cid)
         payload = client_step(module, None, data, 0, TOTAL_ROUNDS, num_examples=EXAMPLES[cid], epochs=STEPS)
-        oracle = OracleClient(states[cid], student_template, max_grad_norm)
-        update = oracle.round(data, 0, None)
+        oracle = OracleClient(states[cid], student_template, max_grad_norm, hp)
+        oracle.round(data, None)
         assert_moved(states[cid], module.client_state(), f"client {cid}")
         assert_states_close(module.client_state(), oracle.state(), f"client {cid} after round 0")
         assert payload.energy == pytest.approx(energy(0))
+        # compressed from the client's own student (checked equal above to 1e-6): a float32 SVD
+        # turns 1-ulp differences of its input into differences of about 1e-6 in its output
+        raw = without_prefix(module.client_state(), "student.")
+        if hp["compressed_quantity"] == "update":
+            raw = {k: v - initial_student[k] if v.is_floating_point() else v for k, v in raw.items()}
+        update = truncated(raw, energy(0))
         assert_states_close(payload.decompressed(initial_student), update, f"client {cid}'s decompressed upload")
-        raw = {k: v - initial_student[k] for k, v in without_prefix(oracle.state(), "student.").items()}
         lost = max((raw[k] - update[k]).abs().max().item() for k in raw if raw[k].is_floating_point())
         assert lost > 1e-4, "the energy keeps every update whole: the test would not see the compression"
         oracles.append(oracle)
@@ -196,11 +209,14 @@ def run_case(max_grad_norm: float | None, seed: int = 0) -> None:
         uploads.append(ClientUpload(cid, "tiny", payload))
 
     server_step(server, 0, uploads)
-    mean_update = example_weighted_mean(updates, [1, 1])  # uniform, as both codes
+    weights = EXAMPLES if hp["student_weighting"] == "samples" else [1, 1]  # uniform, as both codes
+    mean_update = example_weighted_mean(updates, weights)
     merged = {k: v + mean_update[k] if v.is_floating_point() else mean_update[k] for k, v in initial_student.items()}
+    if hp["compressed_quantity"] == "weights":
+        merged = mean_update
     held = server.server_state()["global_student"]
-    assert_states_close(held, merged, "the global student (initial + mean update)")
-    # compressed from the server's own copy: a float32 SVD turns 1-ulp input differences into ~1e-6 output ones
+    assert_states_close(held, merged, "the global student before compression")
+    # compressed from the server's own copy, for the same reason as the uploads
     sent = truncated(held, energy(0))
     assert max((held[k] - sent[k]).abs().max().item() for k in held if held[k].is_floating_point()) > 1e-4
     download = server.download_for(0)
@@ -208,5 +224,5 @@ def run_case(max_grad_norm: float | None, seed: int = 0) -> None:
 
     state = clone(modules[0].client_state())
     client_step(modules[0], download, batch(2), 1, TOTAL_ROUNDS, state=state, epochs=STEPS)
-    oracles[0].round(batch(2), 1, sent)
+    oracles[0].round(batch(2), sent)
     assert_states_close(modules[0].client_state(), oracles[0].state(), "client 0 after round 1")
