@@ -1,13 +1,14 @@
 """A lock-step participant whose exchanged outputs are invalid is left out, exactly, under ``drop``.
 
-FedMD, FedDF, RHFL and FedMatch exchange logits batch by batch (FCCL and FCCL+ their outputs and
-similarities); there is no per-round upload for the loop to drop, so the phase itself checks what
-each participant is about to send. Under ``federation.on_invalid_upload: drop`` a participant
-whose logits are invalid (here: NaN, from a NaN head bias) is left out of that batch and the rest
-of the phase: nobody's target contains its logits and it takes no step. The strongest statement
-of "exactly" is numeric: the others end where a phase without that participant ends. Under
-``fail`` the same participant stops the run with one line naming it; in a run, the loop counts
-the drop against the right client in ``summary.json``.
+FedMD, FedDF, RHFL and FedMatch exchange logits batch by batch (FCCL and FCCL+ their logits and
+similarities, checked here through FCCL+); there is no per-round upload for the loop to drop, so
+the phase itself checks what each participant is about to send. Under
+``federation.on_invalid_upload: drop`` a participant whose logits are invalid (here: NaN or 1e30,
+from its head bias) is left out of that batch and the rest of the phase: nobody's target contains
+its logits and it takes no step. The strongest statement of "exactly" is numeric: the others end
+where a phase without that participant ends. Under ``fail`` the same participant stops the run
+with one line naming it; in a run, the loop counts the drop against the right client in
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import pytest
 import torch
 
-from fedhet.algorithms import RHFL, FedDF, FedMatch, FedMD
+from fedhet.algorithms import RHFL, FCCLPlus, FedDF, FedMatch, FedMD
 from fedhet.algorithms.shared.common import PublicLogitsPayload
 from fedhet.errors import TrainingError
 from tests.algorithms.helpers import tiny_loop
@@ -30,6 +31,7 @@ METHODS = {
     "feddf": lambda: FedDF(public_lr=0.1, temperature=2.0, **LOCAL),
     "rhfl": lambda: RHFL(public_optimizer="sgd", public_lr=0.1, **LOCAL),
     "fedmatch": lambda: FedMatch(public_optimizer="sgd", public_lr=0.1, **LOCAL),
+    "fccl_plus": lambda: FCCLPlus(**LOCAL),  # the cross-correlation phase (FCCL's too): logits and similarities
 }
 
 

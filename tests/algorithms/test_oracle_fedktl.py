@@ -60,7 +60,7 @@ BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 MEAN, STD = 0.5, 0.25
 FORMAT = DataFormat(image_size=SIZE, channels=CHANNELS, mean=(MEAN,), std=(STD,), num_classes=M)
 STEPS = 2
-SERVER_ATOL = 1e-5
+SERVER_ATOL = 1e-4
 
 
 def client_data(cid: int) -> tuple[Tensor, Tensor]:
@@ -241,7 +241,8 @@ def test_fedktl_matches_the_oracle(monkeypatch):
     expected, images, latents = oracle_server(server_state, prototypes, labels, recorder, generator)
     got = server.state_dict()
     assert_moved(server_state, got, "server")
-    # 1e-5: four Adam steps turn float32 rounding of the MMD gradient into steps of ~1e-6 (a bug moves ~1e-3)
+    # 1e-4: four Adam steps turn float32 rounding of the MMD gradient into steps of 1e-6 to 3e-5, depending on the
+    # process's string-hash seed (PYTHONHASHSEED 0 and 1 gave 3.1e-5); a bug moves ~1e-3
     assert_states_close({k: got[k] for k in expected}, expected, "server", atol=SERVER_ATOL)
     download = server.download_for(0)
     assert_states_close({"latents": download.latents}, {"latents": latents}, "downloaded latents", atol=SERVER_ATOL)
