@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 MARK = "FEDHET_BENCH_RESULT "
 
@@ -75,6 +76,41 @@ def ray_worker_pids() -> list[int]:
         if ancestor == me:
             pids.append(pid)
     return pids
+
+
+def htfllib_scenario(clients: int, seed: int) -> Any:
+    """HtFLlib's image workload on the embedded data, set up (``htfe2_round.py``, ``gpu_round.py``).
+
+    The 5,000 MNIST digits (``mnist_all``) at 3x32x32, train and test pooled and split by
+    Dirichlet(0.1) with at least 40 per client, each client's share split 75/25 into local train
+    and test, batch 10; the global test set cut to 20 images and no global validation set, so
+    evaluation costs what HtFLlib's does.
+    """
+    from fedhet.data import DirichletPartitioner, LabelSkewScenario
+
+    scenario = LabelSkewScenario(
+        dataset="mnist_all",
+        num_clients=clients,
+        partitioner=DirichletPartitioner(beta=0.1, min_size=40),
+        pool_train_test=True,
+        global_test_size=20,
+        global_val_size=0,
+        local_test_fraction=0.25,
+        local_val_fraction=0.0,
+        image_size=32,
+        batch_size=10,
+        seed=seed,
+    )
+    scenario.setup()
+    return scenario
+
+
+def family_architectures(family_name: str, clients: int) -> list[str]:
+    """Client ``c``'s architecture in a model family (HtFLlib's ``c mod len(family)``)."""
+    from fedhet.models import model_for_client, resolve_family
+
+    family = resolve_family(family_name)
+    return [model_for_client(family, c) for c in range(clients)]
 
 
 def load() -> str:

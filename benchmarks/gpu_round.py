@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import MARK, peak_rss_gb, report  # noqa: E402
+from _measure import MARK, family_architectures, htfllib_scenario, peak_rss_gb, report  # noqa: E402
 
 WORKLOADS = {"htfe8": ("htfe_img_8", 512), "cpu4": ("cpu4", 64)}
 LAMBDA = 1.0
@@ -56,43 +56,14 @@ LR = 0.01
 
 
 # ------------------------------------------------------------------------------ the shared set-up
-def build_scenario(args: argparse.Namespace) -> Any:
-    """The 20-client Dirichlet(0.1) split of the 5,000 embedded MNIST digits at 3x32x32, batch 10."""
-    from fedhet.data import DirichletPartitioner, LabelSkewScenario
-
-    scenario = LabelSkewScenario(
-        dataset="mnist_all",
-        num_clients=args.clients,
-        partitioner=DirichletPartitioner(beta=0.1, min_size=40),
-        pool_train_test=True,
-        global_test_size=20,
-        global_val_size=0,
-        local_test_fraction=0.25,
-        local_val_fraction=0.0,
-        image_size=32,
-        batch_size=10,
-        seed=args.seed,
-    )
-    scenario.setup()
-    return scenario
-
-
-def architectures(workload: str, clients: int) -> list[str]:
-    """Client ``c``'s architecture in the workload's family (HtFLlib's ``c mod len(family)``)."""
-    from fedhet.models import model_for_client, resolve_family
-
-    family = resolve_family(WORKLOADS[workload][0])
-    return [model_for_client(family, c) for c in range(clients)]
-
-
 def build_loop(config: str, args: argparse.Namespace) -> Any:
     """The FedProto loop of fedhet on ``args.device`` with the executor ``config`` names."""
     from fedhet.algorithms import FedProto
     from fedhet.federation import FederationLoop, FederationSettings, ProcessExecutor, SequentialExecutor
     from fedhet.federation.trainer import TrainerTemplate
 
-    scenario = build_scenario(args)
-    archs = architectures(args.workload, args.clients)
+    scenario = htfllib_scenario(args.clients, args.seed)
+    archs = family_architectures(WORKLOADS[args.workload][0], args.clients)
     algorithm = FedProto(lam=LAMBDA, lr=LR, momentum=0.0)
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     trainer = TrainerTemplate(
@@ -146,8 +117,8 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
     from fedhet.seeding import derive_seed
 
     device = torch.device(args.device)
-    scenario = build_scenario(args)
-    archs = architectures(args.workload, args.clients)
+    scenario = htfllib_scenario(args.clients, args.seed)
+    archs = family_architectures(WORKLOADS[args.workload][0], args.clients)
     runtime = ClientRuntime(
         FedProto(lam=LAMBDA),
         scenario,

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _measure import load, peak_rss_gb, ray_worker_pids, report, run_child
+from _measure import family_architectures, htfllib_scenario, load, peak_rss_gb, ray_worker_pids, report, run_child
 
 COMPUTE_KEY = "bench/compute_s"
 LABELS = {"seq1": "sequential (1 thread)", "seq2": "sequential (2 threads)", "ray": "ray (2 workers)"}
@@ -106,27 +106,11 @@ def timed_recipe(recipe: Any) -> Any:
 def build_loop(name: str, args: argparse.Namespace) -> Any:
     """The HtFE-img-2 FedProto loop on the executor ``name`` stands for."""
     from fedhet.algorithms import FedProto
-    from fedhet.data import DirichletPartitioner, LabelSkewScenario
     from fedhet.federation import FederationLoop, FederationSettings, RuntimeRecipe, SequentialExecutor
     from fedhet.federation.trainer import TrainerTemplate
-    from fedhet.models import model_for_client, resolve_family
 
-    scenario = LabelSkewScenario(
-        dataset="mnist_all",
-        num_clients=args.clients,
-        partitioner=DirichletPartitioner(beta=0.1, min_size=40),
-        pool_train_test=True,
-        global_test_size=20,
-        global_val_size=0,
-        local_test_fraction=0.25,
-        local_val_fraction=0.0,
-        image_size=32,
-        batch_size=10,
-        seed=args.seed,
-    )
-    scenario.setup()
-    family = resolve_family("htfe_img_2")
-    architectures = [model_for_client(family, c) for c in range(args.clients)]
+    scenario = htfllib_scenario(args.clients, args.seed)
+    architectures = family_architectures("htfe_img_2", args.clients)
     algorithm = FedProto(lam=10.0, lr=0.01, momentum=0.0)
     # Clipping at norm 10 in every configuration: FedProto's lambda 10 diverged in round 2 at two
     # intra-op threads (different float summation order); a timing run must not stop on it.

@@ -169,20 +169,28 @@ def current_block(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m fedhet.catalog [--write]``: check (exit 1 when stale) or rewrite the generated table."""
     import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fedhet.catalog", description=main.__doc__)
+    parser.add_argument("--write", action="store_true", help="rewrite fedhet/catalog.py from the registries")
+    return sync_catalog(write=parser.parse_args(argv).write)
+
+
+def sync_catalog(write: bool) -> int:
+    """Check the generated table against the registries (exit status 1 when stale), or rewrite it.
+
+    The lines printed are the command's own output (``python -m fedhet.catalog``), not logging.
+    """
     import sys
 
     from fedhet.files import atomic_write_text
 
-    parser = argparse.ArgumentParser(prog="python -m fedhet.catalog", description=main.__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite fedhet/catalog.py from the registries")
-    args = parser.parse_args(argv)
     path = Path(__file__)
     text = path.read_text(encoding="utf-8")
     fresh = render()
     if current_block(text) == fresh:
         print(f"{path}: up to date")
         return 0
-    if not args.write:
+    if not write:
         print(f"{path} is stale; run: python -m fedhet.catalog --write", file=sys.stderr)
         return 1
     atomic_write_text(path, text.replace(current_block(text), fresh))

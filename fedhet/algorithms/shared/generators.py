@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -226,7 +227,7 @@ class GeneratorClassifierPayload(Payload):
         check_counts(sender, "label_counts", self.label_counts, num_classes, held, "label counts")
 
 
-class GeneratorClassifierClient(ClientModule):
+class GeneratorClassifierClient(ClientModule, ABC):
     """``F_i``/``D_i`` (the model) and ``G_i``, trained in two stages; ``G`` is received, never kept.
 
     Subclasses define the two stage losses, :meth:`model_update_loss` and
@@ -299,12 +300,17 @@ class GeneratorClassifierClient(ClientModule):
         return self.model_update_loss(*batch)
 
     # ------------------------------------------------------------------ losses
+    @abstractmethod
     def model_update_loss(self, x: Tensor, y: Tensor) -> Tensor:
         """Stage 1: the loss of ``[F_i, D_i]`` on a private batch."""
-        raise NotImplementedError(f"{type(self).__name__} must define model_update_loss()")
 
     def generator_update_loss(self, x: Tensor, y: Tensor) -> Tensor:
-        """Stage 2: the loss of ``G_i`` on a private batch."""
+        """Stage 2: the loss of ``G_i`` on a private batch (FedMD-CG's).
+
+        Not abstract: FedCG trains its generator as a GAN with two optimizers in its own
+        ``training_step`` and never calls this; a subclass that keeps this class's
+        ``training_step`` must define it.
+        """
         raise NotImplementedError(f"{type(self).__name__} must define generator_update_loss()")
 
     # ------------------------------------------------------------------ federation hooks
