@@ -669,8 +669,8 @@ class CollaborativePhase(pl.LightningModule):
         drop_invalid: set by the runtime under ``federation.on_invalid_upload: drop``: a
             participant whose exchanged outputs fail their check is left out of the rest of the
             phase (:meth:`accept`) instead of stopping the run.
-        value_bound: ``federation.upload_value_bound``, set by the runtime: :meth:`check_exchange`
-            refuses a larger value in what a participant sends, as the loop refuses it in an upload.
+        value_bound: ``federation.upload_value_bound``, set by the runtime: the phase's checks
+            (:meth:`accept`) refuse a larger value in what a participant sends, as the loop does in an upload.
         dropped: ``{participant index: reason}`` of the participants left out this phase. They
             neither contribute to anyone's target nor step (their loss is a constant zero, so
             their parameters get no gradient), exactly as if they had not taken part.
@@ -688,11 +688,6 @@ class CollaborativePhase(pl.LightningModule):
         self.drop_invalid = False
         self.value_bound: float | None = None
         self.dropped: dict[int, str] = {}
-
-    def check_exchange(self, payload: Payload, sender: str) -> None:
-        """The checks every exchanged payload passes: finite values, then the value bound."""
-        payload.validate(sender)
-        payload.check_value_bound(self.value_bound, sender)
 
     def accept(self, index: int, check: Callable[[], None]) -> bool:
         """Whether participant ``index`` still exchanges, after ``check`` of what it is about to send.
@@ -712,9 +707,8 @@ class CollaborativePhase(pl.LightningModule):
             return False
         return True
 
-    def record_upload(self, payload: Payload, sender: str) -> None:
-        """Check what a participant sends in this phase and count its bytes (measured, as every transfer)."""
-        self.check_exchange(payload, sender)
+    def record_upload(self, payload: Payload) -> None:
+        """Count the bytes a participant sends in this phase (measured; checked in :meth:`accept`)."""
         self.exchanged_bytes_up += payload.nbytes()
 
     def record_download(self, payload: Payload, receivers: int = 1) -> None:

@@ -769,11 +769,11 @@ class PublicDistillationPhase(CollaborativePhase, ABC):
 
             def check(upload: PublicLogitsPayload = upload, sender: str = sender, classes: int = classes) -> None:
                 upload.validate_shape(x.shape[0], classes, sender)  # shape, then finite values
-                self.check_exchange(upload, sender)
+                upload.check_value_bound(self.value_bound, sender)
 
             if not self.accept(index, check):
                 continue
-            self.record_upload(upload, sender)
+            self.record_upload(upload)
             # the server answers each participant with one target of the same shape
             self.record_download(PublicLogitsPayload(logits=upload.logits))
             logits.append(z)

@@ -130,8 +130,8 @@ class CrossCorrelationCollaboration(CollaborativePhase):
             sender, classes = f"participant {i}", logits.shape[1]
 
             def check(upload: PublicOutputsPayload = upload, classes: int = classes, sender: str = sender) -> None:
-                upload.validate_shape(x.shape[0], classes, with_fisl, sender)
-                self.check_exchange(upload, sender)
+                upload.validate_shape(x.shape[0], classes, with_fisl, sender)  # shape, then finite values
+                upload.check_value_bound(self.value_bound, sender)
 
             if not self.accept(i, check):
                 continue  # left out under on_invalid_upload: drop; its loss stays a constant zero
@@ -146,7 +146,7 @@ class CrossCorrelationCollaboration(CollaborativePhase):
             similarity=torch.stack([u.similarity for u in uploads]).mean(0),
         )
         for upload in uploads:
-            self.exchanged_bytes_up += upload.nbytes()  # validated above, where it was made
+            self.record_upload(upload)
         self.record_download(download, receivers=len(uploads))
         for i, (logits, similarity) in outputs.items():
             target = download.logits.to(logits.dtype)
