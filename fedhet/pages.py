@@ -24,7 +24,7 @@ import math
 import re
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +52,20 @@ from fedhet.statistics import paired_difference
 from fedhet.tuning import TuningPlan, parse_tuning, tune_rows
 
 GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template", "tuning", "claims",
-             "selected"}
+             "selected", "extends", "only"}
 ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds", "tune"}
 CLAIM_KEYS = {"claim", "paper", "better", "than", "metric"}
-TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds", "per_seed"}
+TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds", "per_seed", "across"}
 FIGURE_KEYS = {"name", "kind", "rows", "block", "metrics"}
-#: numbers of a run that belong to no block of ``summary.json``
-RUN_NUMBERS = ("mb_per_round", "wall_s")
+#: numbers of a run that belong to no block of ``summary.json``: bytes and time per run, and the seconds
+#: per round its clients fitted and its server took (aggregate and refine: the round less fit and evaluation)
+RUN_NUMBERS = ("mb_per_round", "wall_s", "fit_s_per_round", "server_s_per_round")
+#: the summary's block of first rounds reaching a target (``federation.target_accuracy``; ``null``: never):
+#: a column ``rounds_to_target/acc_server>=80``, shown with how many seeds never reached it
+REACHED = "rounds_to_target"
+#: sections of ``summary.json`` a column may read besides the blocks: rounds to a target, and the uploads that
+#: ``on_invalid_upload: drop`` left out (``dropped_uploads/total``)
+SECTIONS = (REACHED, "dropped_uploads")
 PLACEHOLDER = re.compile(
     r"\{(title|command|json_command|seeds|missing|tuning|claims|budget|table:[\w.-]+|figure:[\w.-]+)\}"
 )
@@ -114,6 +121,22 @@ class Table:
     seeds_column: bool
     seeds: tuple[int, ...] | None = None  # None: every seed of a row
     per_seed: bool = False  # each cell also lists the per-seed values, in seed order
+    #: ``((prefix, header), ...)``: a pivot. ``rows`` are then label suffixes and each prefix is a group of
+    #: columns: the cell of row ``r`` under prefix ``p`` is row ``p/r``'s (``b0.3/fedavg`` beside ``b0.6/fedavg``)
+    across: tuple[tuple[str, str], ...] = ()
+
+    def groups(self) -> tuple[tuple[str | None, str], ...]:
+        """The column groups: each pivot prefix with its header, or one unnamed group."""
+        return self.across or ((None, ""),)
+
+    def labels(self, row: str) -> list[str]:
+        """The grid row labels of one table row, one per column group."""
+        return [row if prefix is None else f"{prefix}/{row}" for prefix, _ in self.groups()]
+
+    def header(self, group: str, column: Column) -> str:
+        if not self.across:
+            return column.header
+        return group if len(self.columns) == 1 else f"{group}: {column.header}"
 
 
 @dataclass(frozen=True)
@@ -188,7 +211,7 @@ class Grid:
 
     def curve_metrics(self) -> list[str]:
         """The per-round metrics a run record keeps (every tabulated or plotted metric)."""
-        names = [k.split("/", 1)[1] for k in self.keys() if "/" in k]
+        names = [k.split("/", 1)[1] for k in self.keys() if "/" in k and not k.startswith(f"{REACHED}/")]
         names += [m for f in self.figures for m in f.metrics]
         return list(dict.fromkeys(names))
 
@@ -257,6 +280,22 @@ def _claim(where: str, entry: Any, labels: Sequence[str]) -> Claim:
     return Claim(str(entry["claim"]), str(entry.get("paper", "")), str(entry["better"]), str(entry["than"]), key)
 
 
+def _across(
+    where: str, entry: dict[str, Any], labels: Sequence[str]
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """A pivot's ``across: {prefix: header}`` and the row suffixes it can show (those some prefix has)."""
+    across = entry.get("across")
+    if across is None:
+        return (), tuple(labels)
+    if not isinstance(across, dict) or not across:
+        raise _fail(where, "across: write a mapping {label prefix: column header}, e.g. {b0.3: beta 0.3}")
+    prefixes = {str(p) for p in across}
+    suffixes = [label.split("/", 1)[1] for label in labels if "/" in label and label.split("/", 1)[0] in prefixes]
+    if not suffixes:
+        raise _fail(where, f"across: no row label starts with {' or '.join(sorted(prefixes))} and '/'")
+    return tuple((str(p), str(h)) for p, h in across.items()), tuple(dict.fromkeys(suffixes))
+
+
 def _rows_of(where: str, entry: dict[str, Any], labels: Sequence[str]) -> tuple[str, ...]:
     rows = entry.get("rows")
     if rows is None:
@@ -303,7 +342,7 @@ def _columns(where: str, metrics: Any, block: str, labels: Sequence[str] = ()) -
             header, digits = header.get("header", name), header.get("digits")
         if name in RUN_NUMBERS:
             key = name
-        elif name.split("/", 1)[0] in BLOCKS:  # final/acc_local; domain/mnist/acc_intra is a metric name
+        elif name.split("/", 1)[0] in (*BLOCKS, *SECTIONS):  # final/acc_local; domain/mnist/acc_intra: a metric
             key = name
         else:
             key = f"{block}/{name}"
@@ -311,22 +350,43 @@ def _columns(where: str, metrics: Any, block: str, labels: Sequence[str] = ()) -
     return tuple(columns)
 
 
-def parse_grid(path: str | Path) -> Grid:
-    """Read and check a grid file; every mistake is one :class:`ConfigError` line naming the file and the key."""
+def _grid_data(path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A grid file's mapping, with ``extends: OTHER.yaml`` resolved: the other grid's keys, this file's on top.
+
+    Why: a tuned page reruns the rows, claims and tables of an untuned one with a tuning stage and other
+    seeds; extending it keeps every row written once (``fedftg_tuned.yaml`` extends ``fedftg_mnist.yaml``).
+    A key this file sets replaces the other's whole (``rows``, ``tables`` ... are not merged item by item).
+    """
     import yaml
 
     where = str(path)
     try:
         text = Path(path).read_text()
     except OSError:
-        raise ConfigError(f"--grid {path}: no such file") from None
+        raise ConfigError(f"{seen[-1]}: extends: no such file {path}" if seen else f"--grid {path}: no such file") \
+            from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark is not None else ""
         raise _fail(where, f"not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
-    data = _keys(where, data, GRID_KEYS, ("title", "page", "rows", "tables", "template"))
+    data = _keys(where, data, GRID_KEYS, ())
+    if "extends" not in data:
+        return data
+    base = str(data.pop("extends"))
+    missing = [key for key in ("page", "out") if key not in data]
+    if missing:
+        raise _fail(where, f"extends: name this grid's own {missing[0]} (the other grid's would be overwritten)")
+    if base in (*seen, where):
+        raise _fail(where, f"extends: {base} extends this file again (a cycle)")
+    return {**_grid_data(base, (*seen, where)), **data}
+
+
+def parse_grid(path: str | Path) -> Grid:
+    """Read and check a grid file; every mistake is one :class:`ConfigError` line naming the file and the key."""
+    where = str(path)
+    data = _keys(where, _grid_data(path), GRID_KEYS, ("title", "page", "rows", "tables", "template"))
     seeds = _seeds(where, data.get("seeds", [0]))
     flags = _flags(where, data.get("flags"))
     if not isinstance(data["rows"], list) or not data["rows"]:
@@ -343,10 +403,11 @@ def parse_grid(path: str | Path) -> Grid:
         at = f"{where}: tables[{i}]"
         entry = _keys(at, entry, TABLE_KEYS, ("name", "metrics"))
         block = _block(at, entry.get("block", "final"))
+        across, shown = _across(at, entry, labels)  # a pivot's rows and minus name label suffixes
         tables.append(Table(
-            str(entry["name"]), _rows_of(at, entry, labels), _columns(at, entry["metrics"], block, labels),
+            str(entry["name"]), _rows_of(at, entry, shown), _columns(at, entry["metrics"], block, shown),
             int(entry.get("digits", 2)), str(entry.get("label", "method")), bool(entry.get("seeds_column", False)),
-            None if "seeds" not in entry else _seeds(at, entry["seeds"]), bool(entry.get("per_seed", False)),
+            None if "seeds" not in entry else _seeds(at, entry["seeds"]), bool(entry.get("per_seed", False)), across,
         ))  # fmt: skip
     figures = []
     for i, entry in enumerate(data.get("figures") or []):
@@ -390,8 +451,28 @@ def parse_grid(path: str | Path) -> Grid:
         raise _fail(where, f"page {page}: name the Markdown file, e.g. docs/results/{Path(where).stem}.md")
     out = Path(str(data.get("out", f"runs/grids/{Path(where).stem}")))
     selected = Path(str(data.get("selected", f"configs/selected/{Path(where).stem}")))
-    return Grid(where, str(data["title"]), page, out, tuple(seeds), rows, tuple(tables), tuple(figures), template,
+    grid = Grid(where, str(data["title"]), page, out, tuple(seeds), rows, tuple(tables), tuple(figures), template,
                 tuning, claims, selected)  # fmt: skip
+    return grid if data.get("only") is None else _only(where, grid, data["only"])
+
+
+def _only(where: str, grid: Grid, only: Any) -> Grid:
+    """``only: [LABEL, ...]``: the grid with these rows alone (an extending grid runs part of another's rows).
+
+    Tables and figures keep the rows that remain (a pivot the suffixes some remaining row has); a claim
+    about a row that is gone is dropped with it.
+    """
+    labels = {r.label for r in grid.rows}
+    if not isinstance(only, list) or not only or any(label not in labels for label in only):
+        unknown = next((label for label in only if label not in labels), None) if isinstance(only, list) else None
+        raise _fail(where, f"only: no row labelled {unknown!r}" if unknown is not None else
+                           "only: write a non-empty list of row labels")  # fmt: skip
+    kept = set(only)
+    tables = tuple(replace(t, rows=tuple(r for r in t.rows if kept & set(t.labels(r)))) for t in grid.tables)
+    figures = tuple(replace(f, rows=tuple(r for r in f.rows if r in kept)) for f in grid.figures)
+    claims = tuple(c for c in grid.claims if c.better in kept and c.than in kept)
+    return replace(grid, rows=tuple(r for r in grid.rows if r.label in kept), tables=tables, figures=figures,
+                   claims=claims)
 
 
 # ---------------------------------------------------------------------------------------------- run records
@@ -403,24 +484,34 @@ def record_of(cell: Cell, summary: dict[str, Any], grid: Grid) -> dict[str, Any]
     not report (``acc_server`` of a method without a server model) is left out, shown as ``-``.
     """
     values: dict[str, float] = {}
+    unreached = []
     history = summary.get("history", [])
+    timed = [r for r in history if "time/round_s" in r]
     for key in grid.keys():
         if key == "mb_per_round":
             comm = summary["comm"]
             value: Any = (comm["bytes_up_per_round"] + comm["bytes_down_per_round"]) / 1e6
         elif key == "wall_s":
             value = summary.get("wall_s")
+        elif key == "fit_s_per_round":
+            value = sum(r["time/fit_s"] for r in timed) / len(timed) if timed else None
+        elif key == "server_s_per_round":
+            server_s = [r["time/round_s"] - r["time/fit_s"] - r["time/eval_s"] for r in timed]
+            value = sum(server_s) / len(server_s) if timed else None
         else:
             block, metric = key.split("/", 1)
             value = summary.get(block, {}).get(metric)
             if value is None and block == "last3":
                 value = last_mean(history, metric)
+            if value is None and block == REACHED and metric in summary.get(REACHED, {}):
+                unreached.append(key)  # the run tracked the target and never reached it
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             values[key] = float(value)
     curves = {m: [r[m] for r in history if isinstance(r.get(m), (int, float))] for m in grid.curve_metrics()}
     return {
         "label": cell.label, "config": cell.config, "seed": cell.seed, "flags": list(cell.flags),
         "method": summary.get("method"), "values": values, "curves": {m: c for m, c in curves.items() if c},
+        **({"unreached": unreached} if unreached else {}),
     }  # fmt: skip
 
 
@@ -493,37 +584,48 @@ def of_seeds(table: Table, records: Sequence[dict[str, Any]]) -> list[dict[str, 
 
 
 def column_values(
-    column: Column, records: Sequence[dict[str, Any]], by_row: dict[str, list[dict[str, Any]]], label: str
+    column: Column, records: Sequence[dict[str, Any]], by_row: dict[str, list[dict[str, Any]]], label: str,
+    prefix: str | None = None,
 ) -> list[float]:
-    """A column's numbers over a row's records; with ``minus``, each minus the other row's at the same seed."""
+    """A column's numbers over a row's records; with ``minus``, each minus the other row's at the same seed.
+
+    In a pivot's column group ``prefix``, ``minus`` names a row of the same group (``prefix/minus``).
+    """
     values = {r["seed"]: r["values"][column.key] for r in records if column.key in r["values"]}
     if column.minus is None:
         return list(values.values())
-    if label == column.minus:
+    minus = column.minus if prefix is None else f"{prefix}/{column.minus}"
+    if label == minus:
         return []
-    base = {r["seed"]: r["values"][column.key] for r in by_row.get(column.minus, []) if column.key in r["values"]}
+    base = {r["seed"]: r["values"][column.key] for r in by_row.get(minus, []) if column.key in r["values"]}
     return [value - base[seed] for seed, value in values.items() if seed in base]
 
 
 def markdown_table(table: Table, grid: Grid, by_row: dict[str, list[dict[str, Any]]]) -> str:
     """One table: a line per row that has records, ``mean ± std`` over seeds (one seed: the value)."""
     names = {r.label: r.name for r in grid.rows}
-    header = [table.label, *(["seeds"] if table.seeds_column else []), *(c.header for c in table.columns)]
+    columns = [table.header(group, column) for _, group in table.groups() for column in table.columns]
+    header = [table.label, *(["seeds"] if table.seeds_column else []), *columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label in table.rows:
-        records = of_seeds(table, by_row.get(label, []))
-        if not records:
+    for row in table.rows:
+        shown = [(label, of_seeds(table, by_row.get(label, []))) for label in table.labels(row)]
+        if not any(records for _, records in shown):
             continue
         cells = []
-        for column in table.columns:
-            values = column_values(column, records, by_row, label)
-            digits = table.digits if column.digits is None else column.digits
-            text = cell_text(values, digits)
-            if table.per_seed and len(values) > 1:
-                text += " (" + ", ".join(f"{v:.{digits}f}" for v in values) + ")"
-            cells.append(text)
-        seeds = [", ".join(str(r["seed"]) for r in records)] if table.seeds_column else []
-        lines.append("| " + " | ".join([names[label], *seeds, *cells]) + " |")
+        for (prefix, _), (label, records) in zip(table.groups(), shown, strict=True):
+            for column in table.columns:
+                values = column_values(column, records, by_row, label, prefix)
+                digits = table.digits if column.digits is None else column.digits
+                text = cell_text(values, digits)
+                if table.per_seed and len(values) > 1:
+                    text += " (" + ", ".join(f"{v:.{digits}f}" for v in values) + ")"
+                never = sum(column.key in r.get("unreached", ()) for r in records) if column.minus is None else 0
+                if never:
+                    text = "never" if not values else f"{text} ({never} of {len(records)} never)"
+                cells.append(text)
+        first = next((label, records) for label, records in shown if records)
+        seeds = [", ".join(str(r["seed"]) for r in first[1])] if table.seeds_column else []
+        lines.append("| " + " | ".join([names[first[0]], *seeds, *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -696,9 +798,10 @@ def render_page(
         "seeds": list(grid.seeds),
         "missing": missing,
         "tables": {
-            t.name: {label: {c.header: stats(column_values(c, of_seeds(t, by_row[label]), by_row, label))
+            t.name: {label: {c.header: stats(column_values(c, of_seeds(t, by_row[label]), by_row, label, prefix))
                              for c in t.columns}
-                     for label in t.rows if by_row.get(label)}
+                     for row in t.rows
+                     for (prefix, _), label in zip(t.groups(), t.labels(row), strict=True) if by_row.get(label)}
             for t in grid.tables
         },
         "runs": ordered,

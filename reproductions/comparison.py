@@ -1,4 +1,4 @@
-"""Shared machinery of the paper-reproduction scripts (``fccl_plus_digits.py``, ``fedktl_digits.py``).
+"""Shared machinery of the paper-reproduction scripts (``fedktl_digits.py``, ``fedvtc_mnist.py`` ...).
 
 A comparison is a list of :class:`Run` (a config file, extra ``fedhet fit`` flags, a seed); each
 runs as its own ``fedhet fit`` process into ``<root>/<label>/seed<k>``. The grid machinery is

@@ -238,3 +238,91 @@ def test_grid_runs_a_tiny_cell_and_tabulates_its_summary(tmp_path, capsys, monke
     capsys.readouterr()
     assert main(["bench", "--grid", str(grid)]) == 0
     assert "1 of 1 cells already complete" in capsys.readouterr().out
+
+
+def test_rounds_to_target_and_the_round_time_split(tmp_path, capsys, monkeypatch):
+    """Rounds to a target come from the summary (never reached: counted, not averaged); round seconds from history."""
+    monkeypatch.chdir(ROOT)
+    grid = tmp_path / "reach.yaml"
+    grid.write_text(
+        f"title: Reach\npage: {tmp_path / 'reach.md'}\nout: {tmp_path / 'runs'}\nseeds: [0, 1, 2]\n"
+        "rows:\n  - {label: a, config: configs/experiments/digits_dir/fedavg.yaml}\n"
+        "  - {label: b, config: configs/experiments/digits_dir/local.yaml}\n"
+        "tables:\n  - {name: t, metrics: [{rounds_to_target/acc_server>=80: {header: to 80, digits: 1}},"
+        " {fit_s_per_round: fit}, {server_s_per_round: server}]}\n"
+        "template: |\n  `{command}`\n\n  {table:t}\n"
+    )
+    reached = {("a", 0): 4, ("a", 1): 6, ("a", 2): None, ("b", 0): None, ("b", 1): None, ("b", 2): None}
+    for (label, seed), rounds in reached.items():
+        run_dir = tmp_path / "runs" / label / f"seed{seed}"
+        _fake_run(run_dir, label, [50.0, 60.0], 70.0, 10)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        summary["rounds_to_target"] = {"acc_server>=80": rounds}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        # two rounds: fit 2 and 4 s; server = round - fit - eval = (3 - 2 - 0.5) and (6 - 4 - 1) -> 0.5 and 1.0
+        history = [{"round": 0, "time/round_s": 3.0, "time/fit_s": 2.0, "time/eval_s": 0.5},
+                   {"round": 1, "time/round_s": 6.0, "time/fit_s": 4.0, "time/eval_s": 1.0}]  # fmt: skip
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    assert main(["bench", "--grid", str(grid), "--report_only"]) == 0
+    page = (tmp_path / "reach.md").read_text()
+    # a: rounds 4 and 6 -> 5.0 ± 1.4 (sample std sqrt(2)), seed 2 never; fit (2+4)/2 = 3.00, server 0.75
+    assert "| a | 5.0 ± 1.4 (1 of 3 never) | 3.00 ± 0.00 | 0.75 ± 0.00 |" in page
+    assert "| b | never | 3.00 ± 0.00 | 0.75 ± 0.00 |" in page
+    records = json.loads((tmp_path / "reach.json").read_text())["runs"]
+    assert records[2]["unreached"] == ["rounds_to_target/acc_server>=80"] and "unreached" not in records[0]
+    assert "acc_server>=80" not in records[0]["curves"]
+
+
+def test_pivot_table_puts_settings_side_by_side(tmp_path, capsys, monkeypatch):
+    """``across``: one line per label suffix, a column group per prefix; ``minus`` pairs within the group."""
+    monkeypatch.chdir(ROOT)
+    grid = tmp_path / "pivot.yaml"
+    rows = "".join(f"  - {{label: {p}/{m}, name: {m.upper()}, config: configs/experiments/digits_dir/fedavg.yaml}}\n"
+                   for p in ("lo", "hi") for m in ("base", "ftg") if (p, m) != ("hi", "ftg"))  # fmt: skip
+    grid.write_text(
+        f"title: Pivot\npage: {tmp_path / 'pivot.md'}\nout: {tmp_path / 'runs'}\nseeds: [0, 1]\nrows:\n{rows}"
+        "tables:\n  - {name: t, across: {lo: low, hi: high}, rows: [base, ftg],"
+        " metrics: [{acc_server: G}, {acc_server: {header: gain, minus: base}}]}\n"
+        "template: |\n  `{command}`\n\n  {table:t}\n"
+    )
+    server = {("lo", "base"): (80.0, 84.0), ("lo", "ftg"): (83.0, 85.0), ("hi", "base"): (90.0, 92.0)}
+    for (prefix, method), per_seed in server.items():
+        for seed, value in enumerate(per_seed):
+            _fake_run(tmp_path / "runs" / prefix / method / f"seed{seed}", method, [1.0], value, 10)
+    assert main(["bench", "--grid", str(grid), "--report_only"]) == 0
+    page = (tmp_path / "pivot.md").read_text()
+    # lo/ftg - lo/base per seed: 3 and 1 -> 2.00 ± 1.41; hi has no ftg row: '-'
+    assert "| method | low: G | low: gain | high: G | high: gain |" in page
+    assert "| BASE | 82.00 ± 2.83 | - | 91.00 ± 1.41 | - |" in page
+    assert "| FTG | 84.00 ± 1.41 | 2.00 ± 1.41 | - | - |" in page
+    tables = json.loads((tmp_path / "pivot.json").read_text())["tables"]["t"]
+    assert tables["lo/ftg"]["gain"]["values"] == [3.0, 1.0] and "hi/ftg" not in tables
+    grid.write_text(grid.read_text().replace("across: {lo: low, hi: high}", "across: {mid: middle}"))
+    assert main(["bench", "--grid", str(grid), "--report_only"]) == 2
+    assert "across: no row label starts with mid and '/'" in _error_line(capsys.readouterr().err)
+
+
+def test_a_grid_extends_another_and_keeps_only_some_rows(tmp_path, capsys, monkeypatch):
+    """``extends``: the other grid's keys under this file's; ``only``: rows, tables, figures and claims filtered."""
+    monkeypatch.chdir(ROOT)
+    base = _grid(tmp_path)
+    base.write_text(base.read_text().replace("{figure:curves}", "{figure:curves}\n\n  {claims}")
+                    + "claims:\n  - {claim: c, better: skew/fedavg, than: skew/local, metric: acc_local}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text(f"extends: {base}\npage: {tmp_path / 'child.md'}\nout: {tmp_path / 'child_runs'}\nseeds: [4]\n"
+                     "flags: [--rounds=3]\nonly: [skew/fedavg]\n")  # fmt: skip
+    parent, grid = parse_grid(base), parse_grid(child)
+    assert [r.label for r in parent.rows] == ["skew/fedavg", "skew/local"] and len(parent.claims) == 1
+    assert [r.label for r in grid.rows] == ["skew/fedavg"] and grid.claims == () and grid.seeds == (4,)
+    assert [c.flags for c in grid.cells()] == [("--rounds=3",)] and grid.template == parent.template
+    assert grid.tables[0].rows == ("skew/fedavg",) and grid.figures[0].rows == ("skew/fedavg",)
+    assert grid.page == tmp_path / "child.md" and grid.out == tmp_path / "child_runs"
+    for text, pattern in [
+        (f"extends: {base}\nout: x\n", "extends: name this grid's own page"),
+        (f"extends: {child}\npage: {tmp_path / 'c.md'}\nout: x\n", "a cycle"),
+        (f"extends: {tmp_path / 'none.yaml'}\npage: {tmp_path / 'c.md'}\nout: x\n", "extends: no such file"),
+        (f"extends: {base}\npage: {tmp_path / 'c.md'}\nout: x\nonly: [skew/nope]\n", "only: no row labelled"),
+    ]:
+        child.write_text(text)
+        with pytest.raises(ConfigError, match=pattern):
+            parse_grid(child)
