@@ -326,3 +326,18 @@ def test_a_grid_extends_another_and_keeps_only_some_rows(tmp_path, capsys, monke
         child.write_text(text)
         with pytest.raises(ConfigError, match=pattern):
             parse_grid(child)
+
+
+def test_every_results_page_names_the_command_that_regenerates_it():
+    """A page under docs/results/ names its grid (``fedhet bench --grid``) or, not yet a grid, its existing script."""
+    import re
+
+    pages = sorted((ROOT / "docs" / "results").glob("*.md"))
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        grids = re.findall(r"fedhet bench --(?:grid|claims) (configs/grids/[\w.-]+\.yaml)", text)
+        scripts = re.findall(r"(?:python |`)(reproductions/[\w.-]+\.py)", text)
+        assert grids or scripts, f"{page.name} names no command that regenerates it"
+        for path in grids + scripts:
+            assert (ROOT / path).is_file(), f"{page.name} names {path}, which does not exist"
