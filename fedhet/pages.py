@@ -134,6 +134,7 @@ class Table:
         return [row if prefix is None else f"{prefix}/{row}" for prefix, _ in self.groups()]
 
     def header(self, group: str, column: Column) -> str:
+        """A column's header: its own, or in a pivot its group's (with the metric's when there are several)."""
         if not self.across:
             return column.header
         return group if len(self.columns) == 1 else f"{group}: {column.header}"
@@ -462,11 +463,12 @@ def _only(where: str, grid: Grid, only: Any) -> Grid:
     Tables and figures keep the rows that remain (a pivot the suffixes some remaining row has); a claim
     about a row that is gone is dropped with it.
     """
+    if not isinstance(only, list) or not only:
+        raise _fail(where, "only: write a non-empty list of row labels")
     labels = {r.label for r in grid.rows}
-    if not isinstance(only, list) or not only or any(label not in labels for label in only):
-        unknown = next((label for label in only if label not in labels), None) if isinstance(only, list) else None
-        raise _fail(where, f"only: no row labelled {unknown!r}" if unknown is not None else
-                           "only: write a non-empty list of row labels")  # fmt: skip
+    unknown = next((label for label in only if label not in labels), None)
+    if unknown is not None:
+        raise _fail(where, f"only: no row labelled {unknown!r}")
     kept = set(only)
     tables = tuple(replace(t, rows=tuple(r for r in t.rows if kept & set(t.labels(r)))) for t in grid.tables)
     figures = tuple(replace(f, rows=tuple(r for r in f.rows if r in kept)) for f in grid.figures)
