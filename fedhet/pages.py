@@ -39,6 +39,7 @@ from fedhet.bench import (
     check_recorded,
     child_environment,
     default_threads,
+    last_log_line,
     last_mean,
     load_run,
     mean_std,
@@ -755,8 +756,13 @@ def render_page(
     records: dict[tuple[str, int], dict[str, Any]],
     studies: dict[str, dict[str, Any]] | None = None,
     threads: int | None = None,
+    failures: dict[tuple[str, int], str] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The page's Markdown and json from the run records (and the tuning studies); figures are written beside it."""
+    """The page's Markdown and json from the run records (and the tuning studies); figures are written beside it.
+
+    ``failures``: why a cell without numbers has none (its run's last log line), shown beside it on the page:
+    a selected config that diverges at a test seed is a result, not a cell to leave silently blank.
+    """
     studies = studies or {}
     by_row: dict[str, list[dict[str, Any]]] = {}
     for cell in grid.cells():
@@ -764,7 +770,9 @@ def render_page(
             by_row.setdefault(cell.label, []).append(records[cell.label, cell.seed])
     for label in by_row:
         by_row[label].sort(key=lambda r: r["seed"])
-    missing = [f"{c.label} seed {c.seed}" for c in grid.cells() if (c.label, c.seed) not in records]
+    failures = failures or {}
+    missing = [f"{c.label} seed {c.seed}" + (f" (failed: {failures[c.label, c.seed]})" if (c.label, c.seed) in failures
+               else "") for c in grid.cells() if (c.label, c.seed) not in records]  # fmt: skip
     tables = {t.name: markdown_table(t, grid, by_row) for t in grid.tables}
     figures = {f.name: draw_figure(grid, f, by_row) for f in grid.figures}
     claims = claim_results(grid, by_row)
@@ -820,16 +828,23 @@ def write_page(
     records: dict[tuple[str, int], dict[str, Any]],
     studies: dict[str, dict[str, Any]] | None = None,
     threads: int | None = None,
+    failures: dict[tuple[str, int], str] | None = None,
 ) -> str:
     """Write ``<page>.md`` and ``<page>.json`` (atomically) and the figures; returns the Markdown."""
     grid.page.parent.mkdir(parents=True, exist_ok=True)
-    text, payload = render_page(grid, records, studies, threads)
+    text, payload = render_page(grid, records, studies, threads, failures)
     atomic_write_text(grid.page.with_suffix(".json"), json.dumps(payload, indent=1) + "\n")
     atomic_write_text(grid.page, text)
     return text
 
 
 # ---------------------------------------------------------------------------------------------- the command
+def failure_line(log: Path) -> str:
+    """Why an incomplete cell stopped: its log's last line (``fedhet fit`` ends an error with one), or ``""``."""
+    line = last_log_line(log) if log.is_file() else ""
+    return line.removeprefix("fedhet: error: ") if line.startswith("fedhet: error:") else ""
+
+
 def grid_command(
     grid_path: str,
     out: Path | None = None,
@@ -880,7 +895,9 @@ def grid_command(
         echo(f"{grid.path}: no cell has numbers (no complete run under {root}, no record); nothing to write")
         return 1
     recorded_threads = threads if threads is not None else studies_threads(from_json)
-    text = write_page(grid, records, studies, recorded_threads)
+    failures = {(c.label, c.seed): failure_line(c.log_path(root)) for c in cells
+                if (c.label, c.seed) not in records and failure_line(c.log_path(root))}  # fmt: skip
+    text = write_page(grid, records, studies, recorded_threads, failures)
     echo(text)
     echo(f"wrote {grid.page} and {grid.page.with_suffix('.json')}")
     failed = [o for o in outcomes if not o.ok]

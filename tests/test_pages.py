@@ -341,3 +341,22 @@ def test_every_results_page_names_the_command_that_regenerates_it():
         assert grids or scripts, f"{page.name} names no command that regenerates it"
         for path in grids + scripts:
             assert (ROOT / path).is_file(), f"{page.name} names {path}, which does not exist"
+
+
+def test_a_cell_that_failed_says_why_on_the_page(tmp_path, capsys, monkeypatch):
+    """A cell without numbers whose log ends in fedhet's one-line error is listed with that line, not silently."""
+    monkeypatch.chdir(ROOT)
+    grid = _grid(tmp_path)
+    runs = tmp_path / "runs"
+    for label, seed in (("skew/fedavg", 0), ("skew/fedavg", 1), ("skew/local", 0)):
+        _fake_run(runs / label / f"seed{seed}", label, [10.0, 20.0], None, 10)
+    (runs / "skew" / "local").mkdir(parents=True, exist_ok=True)
+    (runs / "skew" / "local" / "seed1.log").write_text(
+        "epoch 1\nfedhet: error: client 3 got a non-finite training loss in round 4 (stage 'local')\n")
+    assert main(["bench", "--grid", str(grid), "--report_only"]) == 0
+    page = (tmp_path / "docs" / "page.md").read_text()
+    assert "not run: skew/local seed 1 (failed: client 3 got a non-finite training loss in round 4 (stage 'local'))" \
+        in page
+    payload = json.loads((tmp_path / "docs" / "page.json").read_text())
+    assert payload["missing"] == ["skew/local seed 1 (failed: client 3 got a non-finite training loss in round 4 "
+                                  "(stage 'local'))"]  # fmt: skip
