@@ -587,7 +587,10 @@ def of_seeds(table: Table, records: Sequence[dict[str, Any]]) -> list[dict[str, 
 
 
 def column_values(
-    column: Column, records: Sequence[dict[str, Any]], by_row: dict[str, list[dict[str, Any]]], label: str,
+    column: Column,
+    records: Sequence[dict[str, Any]],
+    by_row: dict[str, list[dict[str, Any]]],
+    label: str,
     prefix: str | None = None,
 ) -> list[float]:
     """A column's numbers over a row's records; with ``minus``, each minus the other row's at the same seed.
@@ -895,8 +898,8 @@ def grid_command(
         echo(f"{grid.path}: no cell has numbers (no complete run under {root}, no record); nothing to write")
         return 1
     recorded_threads = threads if threads is not None else studies_threads(from_json)
-    failures = {(c.label, c.seed): failure_line(c.log_path(root)) for c in cells
-                if (c.label, c.seed) not in records and failure_line(c.log_path(root))}  # fmt: skip
+    failed = {(c.label, c.seed): failure_line(c.log_path(root)) for c in cells if (c.label, c.seed) not in records}
+    failures = {cell: line for cell, line in failed.items() if line}
     text = write_page(grid, records, studies, recorded_threads, failures)
     echo(text)
     echo(f"wrote {grid.page} and {grid.page.with_suffix('.json')}")
