@@ -67,6 +67,8 @@ def distribution_kl(
         per_class = log_student.exp() * (log_student - log_target)
     else:
         raise ValueError(f"unknown KL direction {direction!r}; use 'teacher_first' or 'as_printed'")
+    if reduction not in ("sum_classes", "mean_classes"):
+        raise ValueError(f"unknown KL reduction {reduction!r}; use 'sum_classes' or 'mean_classes'")
     return per_class.mean(dim=1) if reduction == "mean_classes" else per_class.sum(dim=1)
 
 

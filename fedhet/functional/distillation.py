@@ -193,7 +193,7 @@ def confident_pseudo_labels(probs: Tensor, threshold: float = 0.85) -> tuple[Ten
 
     Args:
         probs: ``[B, C]`` class probabilities (here: the mean of the helpers' softmax outputs).
-        threshold: minimum top probability for a sample to get a pseudo-label (FedMatch: 0.85).
+        threshold: a sample gets a pseudo-label when its top probability exceeds this (FedMatch: 0.85).
 
     Returns:
         ``(labels [B] long, mask [B] bool)``: the argmax class and whether it passes the threshold.

@@ -34,6 +34,8 @@ def distillation_kl(logits: Tensor, target_logits: Tensor, reduction: KLReductio
         >>> distillation_kl(torch.zeros(1, 2), torch.zeros(1, 2))
         tensor(0.)
     """
+    if reduction not in ("batchmean", "mean"):
+        raise ValueError(f"unknown KL reduction {reduction!r}; use 'batchmean' or 'mean'")
     log_probs = F.log_softmax(logits, dim=1)
     target = F.softmax(target_logits.detach(), dim=1)
     kl = F.kl_div(log_probs, target, reduction="batchmean")

@@ -18,7 +18,7 @@ def proximal_term(params: Iterable[Tensor], reference: Iterable[Tensor]) -> Tens
         >>> proximal_term([torch.tensor([1.0, 2.0])], [torch.tensor([0.0, 0.0])])
         tensor(5.)
     """
-    terms = [(p - r.detach()).pow(2).sum() for p, r in zip(params, reference, strict=False)]
+    terms = [(p - r.detach()).pow(2).sum() for p, r in zip(params, reference, strict=True)]
     return torch.stack(terms).sum() if terms else torch.tensor(0.0)
 
 

@@ -18,6 +18,15 @@ Reduction = Literal["class_mean_sum", "batch_mean"]
 ElementReduction = Literal["sum", "mean"]
 
 
+def _reduce_elements(squared: Tensor, elements: ElementReduction) -> Tensor:
+    """Per sample, the sum (``"sum"``) or the mean (``"mean"``) of ``[B, p]`` elements; another name is refused."""
+    if elements == "sum":
+        return squared.sum(1)
+    if elements == "mean":
+        return squared.mean(1)
+    raise ValueError(f"unknown element reduction {elements!r}; use 'sum' or 'mean'")
+
+
 def reparameterize(z: Tensor, log_sigma: Tensor, noise: Tensor) -> Tensor:
     """``v = z + sigma * eps`` with ``sigma = exp(log_sigma)`` (one SD per latent dimension).
 
@@ -58,9 +67,9 @@ def gaussian_kl_to_prior(
         tensor([2.])
     """
     log_ratio = 2.0 * (log_sigma - math.log(prior_sd))  # log(sigma^2 / tau^2)
-    variance_term = (torch.exp(log_ratio) - 1.0 - log_ratio).sum()
-    kl = 0.5 * ((z - prior_mean).pow(2).sum(1) / prior_sd**2 + variance_term)
-    return kl / z.shape[1] if elements == "mean" else kl
+    variance_term = torch.exp(log_ratio) - 1.0 - log_ratio  # [p], the same for every sample
+    per_element = 0.5 * ((z - prior_mean).pow(2) / prior_sd**2 + variance_term)
+    return _reduce_elements(per_element, elements)
 
 
 def reconstruction_error(reconstruction: Tensor, target: Tensor, elements: ElementReduction = "sum") -> Tensor:
@@ -70,8 +79,7 @@ def reconstruction_error(reconstruction: Tensor, target: Tensor, elements: Eleme
         >>> reconstruction_error(torch.ones(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
         tensor([4.])
     """
-    squared = (reconstruction - target).pow(2).flatten(1)
-    return squared.mean(1) if elements == "mean" else squared.sum(1)
+    return _reduce_elements((reconstruction - target).pow(2).flatten(1), elements)
 
 
 def distribution_matching_error(
@@ -83,8 +91,7 @@ def distribution_matching_error(
         >>> distribution_matching_error(torch.tensor([[3.0, 4.0]]), torch.zeros(1, 2))
         tensor([25.])
     """
-    squared = (generated_features - prior_mean).pow(2)
-    return squared.mean(1) if elements == "mean" else squared.sum(1)
+    return _reduce_elements((generated_features - prior_mean).pow(2), elements)
 
 
 def class_mean_sum(values: Tensor, labels: Tensor, reduction: Reduction = "class_mean_sum") -> Tensor:
@@ -99,6 +106,8 @@ def class_mean_sum(values: Tensor, labels: Tensor, reduction: Reduction = "class
     """
     if reduction == "batch_mean":
         return values.mean()
+    if reduction != "class_mean_sum":
+        raise ValueError(f"unknown reduction {reduction!r}; use 'class_mean_sum' or 'batch_mean'")
     classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
     sums = torch.zeros(len(classes), dtype=values.dtype, device=values.device).index_add_(0, inverse, values)
     return (sums / counts.to(values.dtype)).sum()

@@ -66,3 +66,32 @@ def test_conformal_score_threshold_and_sets_by_hand():
 def test_conformal_threshold_is_one_when_the_rank_exceeds_the_calibration_set():
     """With n = 2, alpha = 0.1: rank ceil(3 * 0.9) = 3 > 2, so every class is in every set."""
     assert conformal_threshold(torch.tensor([0.2, 0.4]), alpha=0.1).item() == 1.0
+
+
+def test_statistics_keep_the_features_dtype():
+    """float64 features give float64 means and covariances; an empty calibration set a float64 threshold."""
+    features = torch.tensor([[0.0, 1.0], [2.0, 5.0]], dtype=torch.float64)
+    means, covariances, _ = class_gaussian_stats(features, torch.tensor([0, 0]), 2)
+    assert means.dtype == covariances.dtype == torch.float64
+    assert conformal_threshold(torch.zeros(0, dtype=torch.float64), 0.1).dtype == torch.float64
+
+
+def test_conformal_threshold_of_one_score():
+    """One score at alpha 0.5: rank ceil(2 * 0.5) = 1, so the threshold is that score (not the fallback 1)."""
+    assert conformal_threshold(torch.tensor([0.25]), 0.5).item() == 0.25
+
+
+def test_pooling_without_samples_or_with_one():
+    """No sample: zero mean and covariance; one sample (one client): its mean and a zero covariance."""
+    mu, sigma, n = pool_class_gaussians(torch.tensor([[3.0, 4.0]]), torch.ones(1, 2, 2), torch.tensor([0]))
+    assert mu.tolist() == [0.0, 0.0] and sigma.tolist() == [[0.0, 0.0], [0.0, 0.0]] and int(n) == 0
+    mu, sigma, n = pool_class_gaussians(torch.tensor([[3.0, 4.0]]), torch.ones(1, 2, 2), torch.tensor([1]))
+    assert mu.tolist() == [3.0, 4.0] and sigma.tolist() == [[0.0, 0.0], [0.0, 0.0]] and int(n) == 1
+
+
+def test_clients_without_the_class_drop_out_of_the_pooled_covariance():
+    """A client with count 0 adds nothing, whatever covariance it sends."""
+    means = torch.tensor([[0.0], [2.0], [100.0]])
+    covariances = torch.tensor([[[0.0]], [[0.0]], [[7.0]]])
+    mu, sigma, n = pool_class_gaussians(means, covariances, torch.tensor([1, 1, 0]))
+    assert mu.tolist() == [1.0] and sigma.tolist() == [[2.0]] and int(n) == 2

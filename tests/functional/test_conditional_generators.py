@@ -143,3 +143,76 @@ def test_cgan_losses_by_hand():
     real, fake = torch.tensor([0.8]), torch.tensor([0.4])
     assert discriminator_loss(real, fake).item() == pytest.approx(-math.log(0.8) - math.log(0.6), abs=1e-6)
     assert generator_adversarial_loss(fake).item() == pytest.approx(-math.log(0.4), abs=1e-6)
+
+
+def test_ramp_edges_and_refusals():
+    """One round: both forms give 0; the code form reaches 1 at R - 1 and stays there; bad rounds are refused."""
+    assert ramp_weight(0, 1) == 0.0 and ramp_weight(0, 1, "code") == 0.0
+    assert ramp_weight(1, 2, "code") == 1.0 and ramp_weight(20, 11, "code") == 1.0
+    with pytest.raises(ValueError, match=r"^round_idx=-1 must be >= 0 and total_rounds=5 >= 1$"):
+        ramp_weight(-1, 5)
+    with pytest.raises(ValueError, match=r"^round_idx=0 must be >= 0 and total_rounds=0 >= 1$"):
+        ramp_weight(0, 0)
+
+
+def test_distribution_kl_divides_the_student_by_the_temperature():
+    """T = 2 on both sides: student [2 ln 3, 0] / 2 -> [.75, .25] equals the target, so the KL is 0."""
+    student = target = torch.tensor([[2 * LN3, 0.0]])
+    assert distribution_kl(student, target.clone(), temperature=2.0).item() == pytest.approx(0.0, abs=1e-7)
+    # and against a uniform target at T = 2: KL([.5, .5] || [.75, .25]) = KL_U_P
+    assert distribution_kl(student, torch.zeros(1, 2), temperature=2.0).item() == pytest.approx(KL_U_P, abs=1e-6)
+
+
+def test_distillation_kl_loss_passes_its_direction_on():
+    """The batch-mean loss in the printed direction is KL(student || target)."""
+    loss = distillation_kl_loss(torch.zeros(1, 2), torch.tensor([[LN3, 0.0]]), direction="as_printed")
+    assert loss.item() == pytest.approx(KL_U_P, abs=1e-6)
+
+
+def test_unknown_kl_settings_are_refused_by_name():
+    """A misspelt direction, reduction or diversity setting is an error naming the accepted values."""
+    student, target = torch.zeros(1, 2), torch.zeros(1, 2)
+    with pytest.raises(ValueError, match=r"^unknown KL direction 'forward'; use 'teacher_first' or 'as_printed'$"):
+        distribution_kl(student, target, direction="forward")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^unknown KL reduction 'sum'; use 'sum_classes' or 'mean_classes'$"):
+        distribution_kl(student, target, reduction="sum")  # type: ignore[arg-type]
+    features, noise, labels = torch.zeros(2, 2), torch.zeros(2, 1), torch.eye(2)
+    with pytest.raises(ValueError, match=r"^unknown diversity loss 'div3'; use div0, div1, div2 or none$"):
+        label_aware_diversity_loss(features, noise, labels, "div3")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^unknown diversity norm 'l1'; use 'mean' or 'paper'$"):
+        label_aware_diversity_loss(features, noise, labels, "div0", "l1")  # type: ignore[arg-type]
+
+
+def test_literal_diversity_norm_below_one():
+    """Paper norm with distances under 1: ||f_j - f_k|| = 0.5, ||z_j - z_k|| = 0.25 -> exp(-2 * 0.125 / 4)."""
+    features, noise = torch.tensor([[0.0], [0.5]]), torch.tensor([[0.0], [0.25]])
+    loss = label_aware_diversity_loss(features, noise, torch.eye(2), "div0", "paper")
+    assert loss.item() == pytest.approx(math.exp(-0.0625), rel=1e-6)
+
+
+def test_class_client_weights_of_a_class_held_by_one_example():
+    """A class with one example in all gets weight 1 at its holder."""
+    torch.testing.assert_close(class_client_weights(torch.tensor([[1, 0], [0, 0]])), torch.tensor([[1.0, 0.0],
+                                                                                                [0.0, 0.0]]))
+
+
+def test_crossed_distillation_broadcasts_the_global_student_over_clients_not_samples():
+    """Two clients, two different samples: client i compares every sample b with D(G(z_b, y_b))."""
+    global_on_global = torch.tensor([[LN3, 0.0], [0.0, 0.0]])  # sample 0 -> [.75, .25], sample 1 uniform
+    local_on_local = torch.zeros(2, 2, 2)  # every target uniform
+    zeros = torch.zeros(2, 2, 2)
+    tau = torch.tensor([[1.0, 1.0], [0.0, 0.0]])  # client 0 holds both labels
+    # L1 = mean_b tau[0, b] KL(u || s_b) = (KL_U_P + 0) / 2 (broadcasting over clients would give KL_U_P)
+    loss = crossed_distillation_loss(global_on_global, local_on_local, zeros, zeros, tau, terms=(True, False, False))
+    assert loss.item() == pytest.approx(KL_U_P / 2, abs=1e-6)
+    with pytest.raises(ValueError):
+        crossed_distillation_loss(global_on_global, local_on_local, zeros, zeros, tau, terms=(True, False))
+
+
+def test_ensemble_distillation_weights_clients_not_samples_and_keeps_the_logits_dtype():
+    """Weights [.75, .25] over two clients and two samples; float64 weights do not change a float32 loss."""
+    teachers = torch.tensor([[[4 * LN3 / 3, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]]])  # sample 0: [ln 3, 0]
+    weights = torch.tensor([0.75, 0.25], dtype=torch.float64)
+    loss = ensemble_distillation_kl(torch.zeros(2, 2), teachers, weights)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(KL_P_U / 2, abs=1e-6)  # sample 0 KL_P_U, sample 1 zero

@@ -104,3 +104,50 @@ def test_fedproc_alpha_decays_linearly_from_one_to_zero():
     assert [fedproc_alpha(t, 5) for t in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
     assert fedproc_alpha(0, 1) == 1.0
     assert fedproc_alpha(7, 5) == 0.0
+
+
+def test_defaults_are_the_papers_values():
+    """MOON's tau 0.5 and FedRS's alpha 0.5 when the knobs are not given."""
+    torch.manual_seed(0)
+    z, zg, zp = torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 3)
+    assert torch.equal(model_contrastive_loss(z, zg, zp), model_contrastive_loss(z, zg, zp, 0.5))
+    counts = torch.tensor([3, 0, 1])
+    assert torch.equal(restricted_softmax_scale(counts), restricted_softmax_scale(counts, 0.5, "missing"))
+
+
+def test_settings_are_checked_at_their_edges_with_named_errors():
+    """Temperature 0 and alpha outside [0, 1] are refused by name; alpha 0 is allowed."""
+    z = torch.ones(1, 2)
+    with pytest.raises(ValueError, match=r"^temperature must be positive, got 0.0$"):
+        model_contrastive_loss(z, z, z, 0.0)
+    with pytest.raises(ValueError, match=r"^temperature must be positive, got 0.0$"):
+        prototypical_contrastive_loss(z, torch.tensor([0]), torch.eye(2), temperature=0.0)
+    assert restricted_softmax_scale(torch.tensor([2, 0]), 0.0).tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match=r"^mode must be 'missing' or 'proportional', got 'soft'$"):
+        restricted_softmax_scale(torch.tensor([2, 0]), 0.5, "soft")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^need round_idx >= 0 and total_rounds >= 1, got -1 and 5$"):
+        fedproc_alpha(-1, 5)
+    with pytest.raises(ValueError, match=r"^need round_idx >= 0 and total_rounds >= 1, got 0 and 0$"):
+        fedproc_alpha(0, 0)
+
+
+def test_fedproc_alpha_of_two_rounds_and_proportional_scale_of_single_examples():
+    """Two rounds: alpha 1 then 0. Proportional scale with one example at most: held classes get 1."""
+    assert fedproc_alpha(0, 2) == 1.0 and fedproc_alpha(1, 2) == 0.0
+    assert restricted_softmax_scale(torch.tensor([1, 0]), 0.5, "proportional").tolist() == [1.0, 0.5]
+
+
+def test_prototypical_loss_with_more_classes_than_dimensions_and_float64_prototypes():
+    """Three class prototypes in 2-D, sent as float64: the loss is computed in the features' dtype."""
+    features, labels = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    prototypes = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
+    loss = prototypical_contrastive_loss(features, labels, prototypes)
+    # cosines 1, 0, -1 at tau 1: -log(e / (e + 1 + 1/e))
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(-math.log(math.e / (math.e + 1 + 1 / math.e)), rel=1e-6)
+
+
+def test_restricted_logits_keep_a_low_precision_dtype():
+    """bfloat16 logits scaled by a float32 scale stay bfloat16."""
+    scaled = restricted_logits(torch.ones(1, 2, dtype=torch.bfloat16), restricted_softmax_scale(torch.tensor([1, 0])))
+    assert scaled.dtype == torch.bfloat16 and scaled.tolist() == [[1.0, 0.5]]

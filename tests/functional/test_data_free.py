@@ -92,3 +92,37 @@ def test_diversity_loss_is_in_0_1_and_falls_when_outputs_spread():
     assert same.item() == 1.0
     # pairs (0,1) and (1,0): noise_dist 1, output_dist 2 -> mean over the 4 pairs = 1 -> exp(-1)
     assert spread.item() == pytest.approx(math.exp(-1.0))
+
+
+def test_weighted_teacher_losses_match_a_per_sample_loop():
+    """K = 2 teachers, B = 3 samples: each loss is mean_j sum_k A[j, k] loss_k(x_j), computed here sample by sample."""
+    torch.manual_seed(0)
+    student, teachers = torch.randn(3, 4), torch.randn(2, 3, 4)
+    weights, labels = torch.rand(3, 2), torch.tensor([0, 3, 1])
+
+    def per_sample_mean(loss_of):
+        return sum(weights[j, k] * loss_of(k, j) for j in range(3) for k in range(2)) / 3
+
+    def kl_student_first(k, j):
+        p, q = student[j].softmax(0), teachers[k, j].softmax(0)
+        return (p * (p.log() - q.log())).sum()
+
+    expected_kl = per_sample_mean(kl_student_first)
+    expected_l1 = per_sample_mean(lambda k, j: (student[j] - teachers[k, j]).abs().mean())
+    expected_ce = per_sample_mean(lambda k, j: -teachers[k, j].log_softmax(0)[labels[j]])
+    assert weighted_global_first_kl(student, teachers, weights).item() == pytest.approx(expected_kl.item(), rel=1e-5)
+    assert weighted_logit_l1(student, teachers, weights).item() == pytest.approx(expected_l1.item(), rel=1e-5)
+    assert weighted_fidelity(teachers, labels, weights).item() == pytest.approx(expected_ce.item(), rel=1e-5)
+
+
+def test_class_ensemble_weights_add_eps_to_the_total():
+    """A class held by one example: alpha = 1 / (1 + eps) exactly as float32 (not 1 / (1 - eps), not 1/K)."""
+    alpha = class_ensemble_weights(torch.tensor([[1], [0]]))
+    assert alpha[:, 0].tolist() == [torch.tensor(1 / (1 + 1e-6)).float().item(), 0.0]
+
+
+def test_label_sampling_accepts_a_single_example_and_names_empty_counts():
+    """One labelled example is enough; all-zero counts are refused with the reason."""
+    assert label_sampling_distribution(torch.tensor([[0, 1]])).tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError, match=r"^label counts are all zero: the active clients hold no labelled data$"):
+        label_sampling_distribution(torch.zeros(2, 3))

@@ -14,6 +14,7 @@ from fedhet.functional import (
     ensemble_distillation_loss,
     kl_to_target,
     logit_consensus,
+    logit_cross_entropy,
     masked_pseudo_label_loss,
     symmetric_cross_entropy,
     weighted_peer_kl,
@@ -143,3 +144,66 @@ def test_confident_pseudo_labels_and_masked_loss_by_hand():
     # masked sum over the whole batch of 3: (ln 2 + ln 4) / 3 = 3 ln 2 / 3 = ln 2
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]])).repeat(3, 1)
     assert masked_pseudo_label_loss(logits, labels, mask).item() == pytest.approx(LN2, abs=1e-6)
+
+
+def test_defaults_are_the_papers_values():
+    """FedMD's L1 digest, RHFL's beta 0.5 and FedMatch's threshold 0.85 when the knobs are not given."""
+    torch.manual_seed(0)
+    logits, consensus = torch.randn(3, 4), torch.randn(3, 4)
+    assert torch.equal(digest_loss(logits, consensus), digest_loss(logits, consensus, "l1"))
+    previous, current = torch.tensor([2.0, 3.0, 1.0]), torch.tensor([1.0, 2.0, 1.0])
+    assert torch.equal(client_confidence_weights(previous, current), client_confidence_weights(previous, current, 0.5))
+    probs = torch.tensor([[0.86, 0.14], [0.84, 0.16]])
+    assert confident_pseudo_labels(probs)[1].tolist() == [True, False]
+
+
+def test_a_pseudo_label_needs_more_than_the_threshold():
+    """A top probability equal to the threshold is not confident (strictly above)."""
+    assert confident_pseudo_labels(torch.tensor([[0.85, 0.15]]), 0.85)[1].tolist() == [False]
+
+
+def test_masked_pseudo_label_loss_of_one_sample():
+    """One confident sample in a batch of one: its CE divided by 1."""
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    loss = masked_pseudo_label_loss(logits, torch.tensor([0]), torch.tensor([True]))
+    assert loss.item() == pytest.approx(LN2, abs=1e-6)
+
+
+def test_logit_cross_entropy_by_hand():
+    """-sum softmax(target) log softmax(student), batch mean: target [ln 3, 0] -> [.75, .25], student uniform."""
+    student = torch.zeros(2, 2, requires_grad=True)
+    target = torch.tensor([[math.log(3.0), 0.0], [0.0, 0.0]])
+    loss = logit_cross_entropy(student, target)
+    assert loss.item() == pytest.approx(LN2, abs=1e-6)  # each row: -(p log 1/2 summed) = ln 2
+    loss.backward()
+    # d/dz_s = (softmax(student) - softmax(target)) / B = ([.5-.75, .5-.25], [0, 0]) / 2
+    torch.testing.assert_close(student.grad, torch.tensor([[-0.125, 0.125], [0.0, 0.0]]))
+    skewed = logit_cross_entropy(torch.tensor([[math.log(3.0), 0.0]]), torch.zeros(1, 2))
+    assert skewed.item() == pytest.approx(-(0.5 * math.log(0.75) + 0.5 * math.log(0.25)), abs=1e-6)
+
+
+def test_client_confidence_weights_of_two_clients_with_small_losses():
+    """K = 2 (the constant 1/(K-1) = 1), losses below 1, qualities summing below 1; float64 from float32 inputs."""
+    previous, current = torch.tensor([0.5, 0.4]), torch.tensor([0.4, 0.4])
+    # q = (0.1 / 0.4, 0) = (0.25, 0); share (1, 0); a = (1 + 0.5, 1); w = softmax = (e^.5, 1) / (e^.5 + 1)
+    weights = client_confidence_weights(previous, current, beta=0.5)
+    assert weights.dtype == torch.float64
+    expected = torch.tensor([math.exp(0.5), 1.0], dtype=torch.float64) / (math.exp(0.5) + 1)
+    torch.testing.assert_close(weights, expected)
+
+
+def test_distillation_refusals_name_the_problem():
+    """Each refusal says what is wrong and what it got."""
+    with pytest.raises(ValueError, match=r"^logit_consensus needs the logits of at least one participant$"):
+        logit_consensus([])
+    with pytest.raises(ValueError, match=r"^temperature must be > 0, got 0.0$"):
+        ensemble_distillation_loss(torch.zeros(1, 2), torch.zeros(1, 2), 0.0)
+    with pytest.raises(ValueError, match=r"^client_confidence_weights needs two \[K\] loss vectors with K >= 2, "
+                                         r"got \(2,\) and \(3,\)$"):
+        client_confidence_weights(torch.ones(2), torch.ones(3))
+
+
+def test_weighted_peer_kl_is_in_the_students_dtype():
+    """float64 peer weights do not turn a float32 loss into float64."""
+    loss = weighted_peer_kl(torch.zeros(1, 2), [torch.zeros(1, 2)], torch.ones(1, dtype=torch.float64))
+    assert loss.dtype == torch.float32

@@ -116,3 +116,36 @@ def test_mmd2_gradient_step_lowers_it():
     with torch.no_grad():
         after = rbf_mmd2(x - 0.5 * x.grad, y, bandwidths=(1.0, 4.0))
     assert after < before
+
+
+@pytest.mark.parametrize("num_classes, dim", [(2, 2), (3, 3), (4, 3), (4, 7)])
+def test_simplex_etf_is_the_official_construction(num_classes, dim):
+    """The frame rebuilt here from the paper and the official code, bit for bit, for one generator seed.
+
+    K >= C: sqrt(C/(C-1)) U (I - 11^T/C), U the Q of a uniform [K, C] draw; K = C - 1:
+    sqrt(C/(C-1)) W B^T, W the Q of a uniform [K, C-1] draw, B an orthonormal basis of 1's complement.
+    """
+    c = num_classes
+    generator = torch.Generator().manual_seed(11)
+    centering = torch.eye(c, dtype=torch.float64) - 1.0 / c
+    if dim >= c:
+        frame = torch.linalg.qr(torch.rand(dim, c, generator=generator, dtype=torch.float64))[0] @ centering
+    else:
+        basis = torch.linalg.qr(centering[:, : c - 1])[0]
+        frame = torch.linalg.qr(torch.rand(dim, c - 1, generator=generator, dtype=torch.float64))[0] @ basis.T
+    expected = (math.sqrt(c / (c - 1)) * frame).float()
+    assert torch.equal(simplex_etf(c, dim, torch.Generator().manual_seed(11)), expected)
+
+
+def test_etf_cosines_normalise_the_columns_not_the_rows():
+    """Columns (3, 4) and (0, 1) have norms 5 and 1 (rows 3 and sqrt 17): the cosine of e_1 with column 0 is 3/5."""
+    etf = torch.tensor([[3.0, 0.0], [4.0, 1.0]])
+    assert etf_cosines(torch.tensor([[1.0, 0.0]]), etf).tolist() == [[pytest.approx(0.6), 0.0]]
+
+
+def test_arcface_defaults_and_mmd_refusal():
+    """ArcFace's s = 64 and m = 0.5 when not given; an MMD without bandwidths is refused by name."""
+    cosines, labels = torch.tensor([[0.3, -0.2], [0.1, 0.9]]), torch.tensor([0, 1])
+    assert torch.equal(arcface_logits(cosines, labels), arcface_logits(cosines, labels, 64.0, 0.5))
+    with pytest.raises(ValueError, match=r"^rbf_mmd2 needs at least one bandwidth$"):
+        rbf_mmd2(torch.zeros(2, 1), torch.zeros(2, 1), ())

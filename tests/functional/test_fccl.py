@@ -153,3 +153,56 @@ def test_linear_round_decay_lags_one_round():
     assert linear_round_decay(0, 40) == 1.0
     assert linear_round_decay(1, 40) == 1.0
     assert linear_round_decay(39, 40) == pytest.approx(0.145)
+
+
+def test_defaults_are_the_papers_values():
+    """Called without the knobs, each loss uses FCCL+'s values: lambda 0.0051, mu 0.02, tau 3, eps 1e-5."""
+    torch.manual_seed(0)
+    z, zbar, features = torch.randn(6, 4), torch.randn(6, 4), torch.randn(6, 5)
+    labels = torch.tensor([0, 1, 2, 3, 0, 1])
+    assert torch.equal(batch_standardize(z), batch_standardize(z, eps=1e-5))
+    assert torch.equal(cross_correlation(z, zbar), cross_correlation(z, zbar, eps=1e-5))
+    assert torch.equal(fccm_loss(z, zbar), fccm_loss(z, zbar, 0.0051, -1.0, 1e-5))
+    assert torch.equal(instance_similarity(features), instance_similarity(features, 0.02))
+    assert torch.equal(kd_loss(z, zbar), kd_loss(z, zbar, 3.0))
+    assert torch.equal(fntd_loss(z, zbar, labels), fntd_loss(z, zbar, labels, 3.0))
+    assert linear_round_decay(6, 10) == linear_round_decay(6, 10, 0.1)
+
+
+def test_batch_standardize_eps_is_added_to_the_std():
+    """Eps is added to the unbiased std: column [1, 3] with eps 1 -> +-1 / (sqrt 2 + 1)."""
+    out = batch_standardize(torch.tensor([[1.0], [3.0]]), eps=1.0)
+    assert torch.allclose(out, torch.tensor([[-1.0], [1.0]]) / (math.sqrt(2) + 1))
+
+
+def test_kd_hand_value_at_tau_three_with_a_non_uniform_student():
+    """KD at tau = 3 scales both sides' logits by 1/tau and the KL by tau^2 (not 2 tau), by hand."""
+    # student logits [3 ln 2, 0] -> /3 -> softmax [2/3, 1/3]; teacher [0, 3 ln 2] -> [1/3, 2/3]
+    # KL(p_T || p_S) = 1/3 ln(1/2) + 2/3 ln 2 = 1/3 ln 2; times tau^2 = 9 -> 3 ln 2
+    student, teacher = torch.tensor([[3 * math.log(2.0), 0.0]]), torch.tensor([[0.0, 3 * math.log(2.0)]])
+    assert kd_loss(student, teacher, 3.0).item() == pytest.approx(3 * math.log(2.0), rel=1e-5)
+
+
+def test_fntd_is_scaled_by_tau_squared():
+    """FNTD at tau = 3 is tau^2 = 9 times the KL of the temperature softmaxes (2 tau = 6 would be wrong)."""
+    # 3 classes, target 0; student logits 0 -> p_S = 1/3 each; teacher [0, 3 ln 2, 0] / 3 -> [1, 2, 1] / 4.
+    # non-target terms (unnormalised): 1/2 ln(3/2) + 1/4 ln(3/4); times 9
+    student, teacher = torch.zeros(1, 3), torch.tensor([[0.0, 3 * math.log(2.0), 0.0]])
+    expected = 9 * (0.5 * math.log(1.5) + 0.25 * math.log(0.75))
+    assert fntd_loss(student, teacher, torch.tensor([0]), 3.0).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_too_small_batches_and_budgets_are_refused_with_their_size():
+    """One sample cannot be standardised or compared with others; the errors name the size given."""
+    with pytest.raises(ValueError, match="at least 2 samples, got 1$"):
+        batch_standardize(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="at least 2 samples, got 1$"):
+        instance_similarity(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="total_rounds must be >= 1, got 0"):
+        linear_round_decay(0, 0)
+
+
+def test_smallest_valid_batch_and_budget_are_accepted():
+    """Two samples are enough for the similarity matrix and one round for the decay."""
+    assert instance_similarity(torch.tensor([[1.0, 0.0], [0.0, 1.0]])).shape == (2, 1)
+    assert linear_round_decay(0, 1) == 1.0

@@ -71,3 +71,15 @@ def test_guidance_update_averages_each_class_over_its_senders():
     # a class nobody marks keeps its row
     _, present = guidance_update(guide, grads[:2], counts[:2], lr=0.5, max_norm=None)
     assert present.tolist() == [True, True, False]
+
+
+def test_clip_by_norm_adds_its_epsilon_to_the_norm():
+    """Norm 5 clipped to 1: scaled by exactly 1 / (5 + 1e-6) in float32 (not 1 / (5 - 1e-6))."""
+    grad = torch.tensor([3.0, 4.0])
+    assert torch.equal(clip_by_norm(grad, 1.0), grad * (1.0 / (grad.norm() + 1e-6)))
+
+
+def test_guidance_update_keeps_the_guides_dtype():
+    """float64 client gradients step a float32 guidance that stays float32."""
+    new, _ = guidance_update(torch.zeros(1, 1), [torch.ones(1, 1, dtype=torch.float64)], [torch.tensor([1])], 0.5, 10.0)
+    assert new.dtype == torch.float32 and new.tolist() == [[-0.5]]

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedhet.functional import (
     adaptive_distillation_weight,
@@ -169,3 +170,53 @@ def test_energy_schedule_hand_values():
     assert energy_schedule(3, 4, 0.9, 0.98) == pytest.approx(0.98)
     assert energy_schedule(7, 4, 0.9, 0.98) == pytest.approx(0.98)  # past the last round: T_end
     assert energy_schedule(0, 10, 0.95, 0.95) == pytest.approx(0.95)  # FedKTL's constant default
+
+
+def test_defaults_and_reductions_reach_every_kl():
+    """Alpha and beta default to 0.5; 'mean' divides every KL term by C; an unknown reduction is refused."""
+    torch.manual_seed(0)
+    a, b, y = torch.randn(3, 4), torch.randn(3, 4), torch.tensor([0, 1, 3])
+    defaults, explicit = mutual_learning_losses(a, b, y), mutual_learning_losses(a, b, y, 0.5, 0.5, "batchmean")
+    assert torch.equal(defaults[0], explicit[0]) and torch.equal(defaults[1], explicit[1])
+    loss_a, loss_b = mutual_learning_losses(a, b, y, 0.5, 0.5, "mean")
+    ce_a, ce_b = F.cross_entropy(a, y), F.cross_entropy(b, y)
+    torch.testing.assert_close(loss_a, 0.5 * ce_a + 0.5 * distillation_kl(a, b) / 4)
+    torch.testing.assert_close(loss_b, 0.5 * ce_b + 0.5 * distillation_kl(b, a) / 4)
+    hidden = torch.zeros(3, 2)  # equal hidden states: no MSE term
+    teacher, student = adaptive_mutual_distillation(a, b, hidden, hidden, y, reduction="mean")
+    weight = adaptive_distillation_weight(ce_a, ce_b)
+    torch.testing.assert_close(teacher, ce_a + weight * distillation_kl(a, b) / 4)
+    torch.testing.assert_close(student, ce_b + weight * distillation_kl(b, a) / 4)
+    with pytest.raises(ValueError, match=r"^unknown KL reduction 'sum'; use 'batchmean' or 'mean'$"):
+        distillation_kl(a, b, "sum")  # type: ignore[arg-type]
+
+
+def test_compress_state_size_test_is_strict_and_integer_matrices_stay_dense():
+    """A rank-1 2 x 4 matrix: 1 * (2 + 4 + 1) = 7 < 8, factorised; rank-1 2 x 3: 6 = 6, dense; integers dense."""
+    state = {"wide": torch.outer(torch.ones(2), torch.arange(1.0, 5.0)),
+             "tie": torch.outer(torch.ones(2), torch.arange(1.0, 4.0)),
+             "counts": torch.ones(4, 4, dtype=torch.int64)}
+    low_rank, dense = compress_state(state, 0.95)
+    assert set(low_rank) == {"wide"} and set(dense) == {"tie", "counts"}
+
+
+def test_energy_rank_stops_at_exactly_the_energy_and_refuses_more_than_all():
+    """Singular values (1, 1): half the energy is reached by the first one; energy above 1 is refused."""
+    assert energy_rank(torch.tensor([1.0, 1.0]), 0.5) == 1
+    with pytest.raises(ValueError, match=r"^energy must be in \(0, 1\], got 1.5$"):
+        energy_rank(torch.tensor([1.0]), 1.5)
+
+
+def test_svd_compress_and_schedule_refusals_and_one_round():
+    """A vector is not a matrix; zero rounds are refused; one round is enough."""
+    with pytest.raises(ValueError, match=r"^svd_compress needs a 2-D matrix, got shape \(3,\)$"):
+        svd_compress(torch.ones(3), 0.9)
+    with pytest.raises(ValueError, match=r"^total_rounds must be >= 1, got 0$"):
+        energy_schedule(0, 0, 0.9, 0.98)
+    assert energy_schedule(0, 1, 0.9, 0.98) == pytest.approx(0.98)
+
+
+def test_diversity_loss_uses_differences_not_sums():
+    """Noise (1), (2) and outputs (1), (3): distances 1 and 2 off the diagonal -> exp(-(2 + 2) / 4)."""
+    loss = diversity_loss(torch.tensor([[1.0], [2.0]]), torch.tensor([[1.0], [3.0]]))
+    assert loss.item() == pytest.approx(math.exp(-1.0), abs=1e-6)

@@ -92,3 +92,36 @@ def test_prototype_alignment_loss_mse_and_euclidean_by_hand():
     assert prototype_alignment_loss(features, targets, "euclidean").item() == pytest.approx(3.0)
     with pytest.raises(ValueError, match="unknown distance"):
         prototype_alignment_loss(features, targets, "cosine")  # type: ignore[arg-type]
+
+
+def test_adaptive_margin_with_two_classes_one_dimension_and_an_integer_mask():
+    """Two classes at distance 5 give 5; 1-D prototypes work; a 0/1 integer mask selects like a boolean one."""
+    assert adaptive_margin(torch.tensor([[0.0, 0.0], [3.0, 4.0]]), torch.tensor([True, True]), 100.0).item() == 5.0
+    line = torch.tensor([[0.0], [3.0], [1.0]])  # nearest others: 1, 2, 1 -> 2
+    assert adaptive_margin(line, torch.tensor([True, True, True]), 100.0).item() == pytest.approx(2.0)
+    assert adaptive_margin(line, torch.tensor([1, 0, 1]), 100.0).item() == pytest.approx(1.0)
+
+
+def test_adaptive_margin_keeps_the_prototypes_dtype():
+    """The threshold comes back in the prototypes' dtype, also when one class gives no distance."""
+    single = adaptive_margin(torch.zeros(2, 3, dtype=torch.float64), torch.tensor([True, False]), 0.3)
+    assert single.dtype == torch.float64 and single.item() == 0.3
+
+
+def test_margin_contrastive_loss_with_more_classes_than_dimensions():
+    """Three global prototypes in 2-D; only the own class is handicapped by the margin."""
+    global_prototypes = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])
+    loss = margin_contrastive_loss(torch.zeros(1, 2), torch.tensor([0]), global_prototypes, 1.0)
+    # logits -(d + handicap): -(0 + 1), -5, -1 -> -log(e^-1 / (e^-1 + e^-5 + e^-1))
+    expected = -math.log(math.exp(-1) / (2 * math.exp(-1) + math.exp(-5)))
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_alignment_default_and_examples_refusal():
+    """The default distance is MSE; values and counts of different lengths are refused with both lengths."""
+    torch.manual_seed(0)
+    features, targets = torch.randn(3, 4), torch.randn(3, 4)
+    assert torch.equal(prototype_alignment_loss(features, targets), prototype_alignment_loss(features, targets, "mse"))
+    message = r"^prototype_examples needs one counts tensor per values tensor, got 2 and 1$"
+    with pytest.raises(ValueError, match=message):
+        prototype_examples([torch.zeros(1, 1)] * 2, [torch.ones(1)])

@@ -66,3 +66,62 @@ def test_krum_rejects_bad_settings():
         krum(_states([0.0], [1.0]), [1, 1], num_byzantine=0, keep=3)
     with pytest.raises(ValueError):
         krum(_states([0.0], [1.0]), [1, 1], num_byzantine=-1)
+
+
+def test_coordinate_median_of_five_takes_the_third_value():
+    """Of five clients the middle value is the third smallest (index n // 2 = 2)."""
+    assert torch.equal(coordinate_median(_states([5.0], [1.0], [4.0], [2.0], [3.0]))["w"], torch.tensor([3.0]))
+
+
+def test_robust_rules_accept_one_client_and_round_integer_buffers():
+    """One client's state comes back unchanged; an integer buffer's mean is rounded (2.5 -> 2, 3.5 -> 4)."""
+    one = [{"w": torch.tensor([1.5, -2.0]), "n": torch.tensor(7)}]
+    for aggregate in (coordinate_median, lambda s: trimmed_mean(s, 0.0), lambda s: krum(s, [1.0], 0)[0]):
+        out = aggregate(one)
+        assert torch.equal(out["w"], one[0]["w"]) and int(out["n"]) == 7
+    assert torch.equal(krum_scores(one, 0), torch.tensor([0.0], dtype=torch.float64))
+    integers = [{"n": torch.tensor(v)} for v in (2, 3)]
+    assert int(coordinate_median(integers)["n"]) == 2  # (2 + 3) / 2 = 2.5 rounds to even
+    assert int(trimmed_mean([{"n": torch.tensor(v)} for v in (3, 4)], 0.0)["n"]) == 4  # 3.5 -> 4
+
+
+def test_trimmed_mean_with_beta_zero_is_the_plain_mean():
+    """A beta of 0 cuts nothing: the plain mean of every client."""
+    assert torch.equal(trimmed_mean(_states([1.0], [2.0], [6.0]), 0.0)["w"], torch.tensor([3.0]))
+
+
+def test_krum_orders_by_score_not_by_client_index():
+    """The selected clients are the lowest-scored ones even when they come last, listed in score order."""
+    states = _states([50.0], [1.0], [0.0])  # scores with one nearest peer: 49**2, 1, 1
+    aggregate, order = krum(states, [1.0, 1.0, 1.0], num_byzantine=0)
+    assert order == [1] and torch.equal(aggregate["w"], torch.tensor([1.0]))  # keep defaults to 1; tie -> index
+    _, both = krum(states, [1.0, 1.0, 1.0], num_byzantine=0, keep=3)
+    assert both == [1, 2, 0]
+
+
+def test_robust_rules_errors_name_the_problem():
+    """Each refusal says what is wrong and what it got."""
+    with pytest.raises(ValueError, match=r"^coordinate_median needs at least one state$"):
+        coordinate_median([])
+    with pytest.raises(ValueError, match=r"^trimmed_mean needs at least one state$"):
+        trimmed_mean([], 0.1)
+    with pytest.raises(ValueError, match=r"^trimmed_mean needs beta in \[0, 0.5\), got 0.5$"):
+        trimmed_mean(_states([1.0]), 0.5)
+    with pytest.raises(ValueError, match=r"^krum needs at least one state$"):
+        krum_scores([], 0)
+    with pytest.raises(ValueError, match=r"^krum keeps 1 to 2 clients, got keep=3$"):
+        krum(_states([1.0], [2.0]), [1.0, 1.0], 0, keep=3)
+    with pytest.raises(ValueError, match=r"^krum needs num_byzantine >= 0, got -1$"):
+        krum(_states([1.0], [2.0]), [1.0, 1.0], -1)
+
+
+def test_robust_rules_compute_in_float64():
+    """Median of an even count, trimmed mean and Krum scores are computed in float64 (then cast once)."""
+    torch.manual_seed(0)
+    states = [{"w": torch.rand(500)} for _ in range(4)]
+    stacked = torch.stack([s["w"].double() for s in states]).sort(dim=0).values
+    assert torch.equal(coordinate_median(states)["w"], ((stacked[1] + stacked[2]) / 2).float())
+    assert torch.equal(trimmed_mean(states, 0.25)["w"], stacked[1:3].mean(dim=0).float())
+    flat = torch.stack([s["w"].double() for s in states])
+    nearest = [min(((flat[i] - flat[j]) ** 2).sum().item() for j in range(4) if j != i) for i in range(4)]
+    assert krum_scores(states, 1).tolist() == pytest.approx(nearest, rel=1e-12)

@@ -74,3 +74,28 @@ def test_prototype_geometry_by_hand():
     norm, separation = prototype_geometry(torch.tensor([[3.0, 4.0], [0.0, 0.0], [0.0, 1.0]]))
     assert norm.item() == pytest.approx(2.0)
     assert separation.item() == pytest.approx(1.0)
+
+
+def test_element_means_divide_each_per_sample_sum_by_its_size():
+    """elements='mean': the KL, reconstruction and matching errors averaged over the p (or pixel) elements."""
+    z, prior = torch.tensor([[1.0, 0.0], [3.0, 4.0]]), torch.zeros(2, 2)
+    kl_sum = gaussian_kl_to_prior(z, torch.zeros(2), prior)
+    torch.testing.assert_close(gaussian_kl_to_prior(z, torch.zeros(2), prior, "mean"), kl_sum / 2)
+    assert kl_sum.tolist() == [0.5, 12.5]  # 0.5 ||z||^2 at sigma = 1
+    images = torch.ones(2, 1, 2, 3)
+    assert reconstruction_error(images, torch.zeros(2, 1, 2, 3), "mean").tolist() == [1.0, 1.0]
+    assert distribution_matching_error(z, prior, "mean").tolist() == [0.5, 12.5]
+
+
+def test_unknown_reductions_are_refused_by_name():
+    """A misspelt element reduction or class reduction is an error naming the accepted ones."""
+    with pytest.raises(ValueError, match=r"^unknown element reduction 'avg'; use 'sum' or 'mean'$"):
+        reconstruction_error(torch.ones(1, 2), torch.zeros(1, 2), "avg")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^unknown reduction 'sum'; use 'class_mean_sum' or 'batch_mean'$"):
+        class_mean_sum(torch.ones(2), torch.tensor([0, 1]), "sum")  # type: ignore[arg-type]
+
+
+def test_class_mean_sum_keeps_float64():
+    """float64 values are summed per class in float64: 0.1 + 0.2 over one class of two is 0.15000000000000002."""
+    out = class_mean_sum(torch.tensor([0.1, 0.2], dtype=torch.float64), torch.tensor([0, 0]))
+    assert out.dtype == torch.float64 and out.item() == (0.1 + 0.2) / 2
