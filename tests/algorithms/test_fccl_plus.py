@@ -245,3 +245,11 @@ def test_fccl_plus_collaborative_loss_is_fccm_plus_weighted_fisl_by_hand():
     assert losses[1].item() == pytest.approx(fccm + 3.0 * fisl(similarity_b), rel=1e-4)
     # per client and batch: Z (3 x 2) and S (3 x 2) up, the means of both down
     assert phase.exchanged_bytes_up == phase.exchanged_bytes_down == 2 * (3 * 2 + 3 * 2) * 4
+
+
+def test_homogeneous_switch_sets_a_boolean_capability_and_client_zeros_initialisation():
+    """Averaging after collaborating: one architecture (False, a bool) and client 0's initial model for all."""
+    averaged, separate = FCCLPlus(average_after_collaboration=True), FCCLPlus()
+    assert averaged.capabilities.heterogeneous_models is False and separate.capabilities.heterogeneous_models is True
+    assert [averaged.initialisation_of(c) for c in range(3)] == [0, 0, 0]
+    assert [separate.initialisation_of(c) for c in range(3)] == [0, 1, 2]

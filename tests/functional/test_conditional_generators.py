@@ -211,7 +211,7 @@ def test_crossed_distillation_broadcasts_the_global_student_over_clients_not_sam
 
 def test_ensemble_distillation_weights_clients_not_samples_and_keeps_the_logits_dtype():
     """Weights [.75, .25] over two clients and two samples; float64 weights do not change a float32 loss."""
-    teachers = torch.tensor([[[4 * LN3 / 3, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]]])  # sample 0: [ln 3, 0]
+    teachers = torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[4 * LN3, 0.0], [0.0, 0.0]]])  # sample 0: .25 * 4 ln 3
     weights = torch.tensor([0.75, 0.25], dtype=torch.float64)
     loss = ensemble_distillation_kl(torch.zeros(2, 2), teachers, weights)
     assert loss.dtype == torch.float32

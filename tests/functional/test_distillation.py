@@ -207,3 +207,10 @@ def test_weighted_peer_kl_is_in_the_students_dtype():
     """float64 peer weights do not turn a float32 loss into float64."""
     loss = weighted_peer_kl(torch.zeros(1, 2), [torch.zeros(1, 2)], torch.ones(1, dtype=torch.float64))
     assert loss.dtype == torch.float32
+
+
+def test_client_confidence_weights_divide_by_losses_below_one():
+    """Qualities (0.1 / 0.4, 0.3 / 0.6, 0) = (0.25, 0.5, 0): shares (1/3, 2/3, 0), the losses used as they are."""
+    weights = client_confidence_weights(torch.tensor([0.5, 0.9, 0.4]), torch.tensor([0.4, 0.6, 0.4]), beta=0.5)
+    amounts = torch.tensor([0.5 + 0.5 / 3, 0.5 + 1.0 / 3, 0.5], dtype=torch.float64)
+    torch.testing.assert_close(weights, torch.softmax(amounts, dim=0))

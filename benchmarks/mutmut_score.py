@@ -1,0 +1,468 @@
+"""Mutation score per file with a pinned mutation-testing tool: mutmut 3.8.1 over algorithms/ and functional/.
+
+``benchmarks/mutation_score.py`` checks a hand-written list of plausible bugs; this script lets a
+tool write the mutants, so nobody chooses which bugs the tests are asked about. For each source
+file it builds a workspace in a temporary directory (copies of ``fedhet/``, ``tests/``,
+``configs/`` and the project files, ``../shared`` linked beside it, so the working tree is never
+touched), adds a ``[tool.mutmut]`` section that mutates **that file only** and selects **its own
+tests** (``OWN_TESTS`` below: the test files named after it plus the oracle and unit files that
+test it under another name; the doctests of ``fedhet/functional``), and runs ``mutmut run``.
+Each mutant runs, in a process forked from a server that has imported torch but run nothing
+(``process_isolation = "forkserver"``: a fork of a process whose torch thread pool is running
+hangs, which mutmut would count as a timeout, i.e. a kill), the tests that cover the mutated
+function. mutmut's statuses are read from its ``mutants/<file>.meta``.
+
+Score = killed / (killed + survived - equivalent), with mutmut's timeouts counted as killed (a
+mutant that makes a test run 15 times longer than clean is caught) and mutants no test reaches
+("no tests") counted as survived. Surviving mutants judged equivalent (no input can tell them
+apart from the original) are listed in ``EQUIVALENT`` with the reason; docs/mutation_score.md
+shows the table.
+
+Usage (results accumulate in ``--out``, one entry per file, so files can be run in chunks)::
+
+    pip install mutmut==3.8.1
+    python benchmarks/mutmut_score.py fedhet/functional/fccl.py fedhet/algorithms/fedftg.py
+    python benchmarks/mutmut_score.py --all                 # every file of algorithms/ and functional/
+    python benchmarks/mutmut_score.py --all --skip-done     # only files not in --out yet
+    python benchmarks/mutmut_score.py --report              # the markdown table of --out
+    python benchmarks/mutmut_score.py --survivors fedhet/functional/fccl.py   # their diffs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTMUT_VERSION = "3.8.1"
+MUTATED = ("fedhet/algorithms", "fedhet/functional")
+COPIED = ("fedhet", "tests", "configs", "pyproject.toml", "setup.cfg")
+DOCTESTS = "tests/test_functional_doctests.py"
+#: The goals of the oracle-tests issue: 90 % in the seed methods' files, the contract's files and
+#: functional/, 80 % elsewhere in algorithms/.
+SEED_FILES = ("fedftg.py", "fedmdcg.py", "fedvtc.py", "fccl_plus.py", "fedktl.py", "common.py", "base.py")
+
+#: Test files that test a source file under another name than ``test_<stem>.py`` /
+#: ``test_oracle_<stem>.py`` (those are found by name).
+EXTRA_TESTS = {
+    "fedhet/functional/aggregation.py": ["tests/functional/test_robust_aggregation.py"],
+    "fedhet/functional/prototypes.py": ["tests/functional/test_aggregation.py"],
+    "fedhet/functional/regularizers.py": ["tests/functional/test_aggregation.py"],
+    "fedhet/functional/guidance.py": ["tests/functional/test_matryoshka_guidance.py"],
+    "fedhet/functional/matryoshka.py": ["tests/functional/test_matryoshka_guidance.py"],
+    "fedhet/algorithms/base.py": ["tests/algorithms/test_contract.py", "tests/algorithms/test_hparams.py",
+                                  "tests/algorithms/test_oracle_fedavg_family.py",
+                                  "tests/federation/test_contract_v2.py", "tests/federation/test_lr_schedule.py"],
+    "fedhet/algorithms/shared/common.py": ["tests/algorithms/test_oracle_partial.py",
+                                           "tests/algorithms/test_oracle_distillation.py",
+                                           "tests/algorithms/test_oracle_prototypes.py",
+                                           "tests/algorithms/test_oracle_fccl_plus.py"],
+    "fedhet/algorithms/shared/cross_correlation.py": ["tests/algorithms/test_oracle_fccl_plus.py",
+                                                      "tests/algorithms/test_fccl_plus.py"],
+    "fedhet/algorithms/shared/generators.py": ["tests/algorithms/test_oracle_fedmdcg.py",
+                                               "tests/algorithms/test_oracle_fedcg.py",
+                                               "tests/algorithms/test_fedmdcg_server_knobs.py"],
+    "fedhet/algorithms/fccl.py": ["tests/algorithms/test_oracle_fccl_plus.py"],
+    "fedhet/algorithms/fedmdcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py"],
+    "fedhet/algorithms/fedcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py"],
+    "fedhet/algorithms/fedmrl.py": ["tests/algorithms/test_fedmrl_fedl2g.py"],
+    "fedhet/algorithms/fedl2g.py": ["tests/algorithms/test_fedmrl_fedl2g.py"],
+    "fedhet/algorithms/fedbn.py": ["tests/algorithms/test_fedbn_ditto.py", "tests/algorithms/test_oracle_partial.py"],
+    "fedhet/algorithms/ditto.py": ["tests/algorithms/test_fedbn_ditto.py", "tests/algorithms/test_oracle_partial.py"],
+    "fedhet/algorithms/fedper.py": ["tests/algorithms/test_oracle_partial.py"],
+    "fedhet/algorithms/lg_fedavg.py": ["tests/algorithms/test_oracle_partial.py"],
+    "fedhet/algorithms/fedrs.py": ["tests/algorithms/test_oracle_partial.py"],
+    "fedhet/algorithms/fml.py": ["tests/algorithms/test_oracle_partial.py"],
+    "fedhet/algorithms/ccvr.py": ["tests/algorithms/test_ccvr_fedtype.py", "tests/algorithms/test_oracle_partial.py"],
+    "fedhet/algorithms/fedtype.py": ["tests/algorithms/test_ccvr_fedtype.py"],
+    "fedhet/algorithms/fedmd.py": ["tests/algorithms/test_oracle_distillation.py"],
+    "fedhet/algorithms/feddf.py": ["tests/algorithms/test_oracle_distillation.py"],
+    "fedhet/algorithms/rhfl.py": ["tests/algorithms/test_oracle_distillation.py"],
+    "fedhet/algorithms/fedmatch.py": ["tests/algorithms/test_oracle_distillation.py"],
+    "fedhet/algorithms/fedproto.py": ["tests/algorithms/test_oracle_prototypes.py"],
+    "fedhet/algorithms/fd.py": ["tests/algorithms/test_oracle_prototypes.py"],
+    "fedhet/algorithms/fedproc.py": ["tests/algorithms/test_oracle_prototypes.py"],
+    "fedhet/algorithms/fedgh.py": ["tests/algorithms/test_oracle_prototypes.py"],
+    "fedhet/algorithms/fedtgp.py": ["tests/algorithms/test_oracle_prototypes.py"],
+    "fedhet/algorithms/fedavg.py": ["tests/algorithms/test_oracle_fedavg_family.py"],
+    "fedhet/algorithms/fedprox.py": ["tests/algorithms/test_oracle_fedavg_family.py"],
+    "fedhet/algorithms/feddyn.py": ["tests/algorithms/test_oracle_fedavg_family.py"],
+    "fedhet/algorithms/scaffold.py": ["tests/algorithms/test_oracle_fedavg_family.py"],
+    "fedhet/algorithms/moon.py": ["tests/algorithms/test_oracle_fedavg_family.py"],
+    "fedhet/algorithms/__init__.py": ["tests/algorithms/test_contract.py"],
+}
+
+#: Surviving mutants judged equivalent by a rule: (the original line -> the mutated lines the rule
+#: allows, the reason). The losses of ``functional/`` and the methods take ``[B, C]`` logits and
+#: ``[B, d]`` features, so a softmax's or a normalisation's ``dim=1`` is the implicit one.
+def _each_occurrence(line: str, old: str, news: tuple[str, ...]) -> set[str]:
+    spots = [i for i in range(len(line)) if line.startswith(old, i)]
+    return {line[:i] + new + line[i + len(old):] for i in spots for new in news}
+
+
+def _implicit_dim(line: str) -> set[str]:
+    return _each_occurrence(line, "dim=1", ("dim=None", "")) if "softmax(" in line or "normalize(" in line else set()
+
+
+def _default_device(line: str) -> set[str]:
+    keyword = {variant for old in re.findall(r"device=[\w.]+\.device", line)
+               for variant in _each_occurrence(line, old, ("device=None", ""))}  # fmt: skip
+    moved = {variant for old in re.findall(r"\.to\([\w.]+\.device\)", line)
+             for variant in _each_occurrence(line, old, (".to(None)",))}  # fmt: skip
+    return keyword | moved
+
+
+CPU_ONLY = ("on a CPU-only machine the default device is the input's: equivalent here; a GPU run tells them apart "
+            "(benchmarks/gpu_check.py runs every method on one)")
+STRICT_IDLE = "the lengths were checked just above: zip's strict is idle"
+RULES = (
+    (_implicit_dim, "a softmax or L2 normalisation of a 2-D input without a dim uses dim 1 (torch's implicit dim "
+                    "for 2-D; F.normalize's default): the same op"),
+    (_default_device, CPU_ONLY),
+)
+#: Other surviving mutants judged equivalent, keyed by the mutated function and the mutated line
+#: (:func:`equivalence_key`: stable when mutmut renumbers), with the reason.
+EQUIVALENT: dict[str, str] = {
+    "fedhet.functional.fccl.x_fccm_loss: off_mask = ~torch.eye(matrix.shape[1], dtype=torch.bool, "
+    "device=matrix.device)": "the cross-correlation matrix is square (C x C): shape[1] == shape[0]",
+    **{f"fedhet.functional.aggregation.x_aggregate_class_means: {line}": reason for line, reason in (
+        ("stacked = torch.stack([v.to(None) for v in values])  # [N, C, D]",
+         "the product with the float64 coefficients promotes the values to float64 exactly: the same sums"),
+        ("held = torch.stack(list(counts)).to(None)  # [N, C]",
+         "int64 counts promote to float64 in the weighted sum and the division: the same values"),
+        ("coefficient = held if weighting == \"count\" else (held > 0).to(None)",
+         "a boolean mask promotes to float64 in the weighted sum and the division: the same values"),
+        ("result = torch.where(present.unsqueeze(+1), summed / total.clamp_min(1e-12).unsqueeze(-1), "
+         "torch.zeros_like(summed))", "present is 1-D: unsqueeze(1) == unsqueeze(-1)"),
+        ("result = torch.where(present.unsqueeze(-1), summed / total.clamp_min(1e-12).unsqueeze(+1), "
+         "torch.zeros_like(summed))", "total is 1-D: unsqueeze(1) == unsqueeze(-1)"))},
+    "fedhet.functional.calibration.x_pool_class_gaussians: weights = counts.to(None)":
+        "integer counts promote to the means' dtype in every product and division: the same values",
+    'fedhet.functional.calibration.x_pool_class_gaussians: outer = torch.einsum("K,KI,KJ->IJ", weights, means, '
+    'means)': "einsum labels renamed consistently: the same contraction",
+    **{f"fedhet.functional.conditional_generators.x_class_client_weights: {line}": reason for line, reason in (
+        ("return counts / counts.sum(dim=0, keepdim=False).clamp_min(1.0)",
+         "a [C] row broadcasts over the [N, C] counts exactly as the kept [1, C] row"),
+        ("return counts / counts.sum(dim=0, ).clamp_min(1.0)",
+         "a [C] row broadcasts over the [N, C] counts exactly as the kept [1, C] row"),
+        ("counts = label_counts.to(None)", "integer counts divide truly into the default float32: the same"))},
+    "fedhet.functional.conditional_generators.x_ensemble_distillation_kl: per_sample = distribution_kl("
+    "student_logits, teacher, temperature, )": "teacher_first is distribution_kl's default direction",
+    **{f"fedhet.functional.conditional_generators.x_label_aware_diversity_loss: {line}": reason
+       for line, reason in (
+        ("source = torch.cat([noise, labels_onehot.to(None)], dim=1) if kind == \"div1\" else noise",
+         "torch.cat promotes the integer one-hot labels to the noise's float dtype: the same"),
+        ("return diff.pow(2).mean(dim=2) if (squared_mean) or True else diff.abs().mean(dim=2)",
+         "the only unsquared distance is the one-hot labels', whose differences are -1, 0 or 1: d^2 = |d|"),
+        ("product = product * torch.exp(distance(labels_onehot.to(flat.dtype), squared_mean=None))",
+         "None is falsy, as False"),
+        ("return diff.pow(2).sum(dim=2).clamp_min(1e-12).sqrt() * (1 + torch.eye(len(values), "
+         "device=values.device))", "the diagonal distances are sqrt(1e-12) = 1e-6; their products (1e-12) "
+         "vanish next to float32's resolution of the mean"))},
+    **{f"fedhet.functional.contrastive.x_model_contrastive_loss: {side} = F.cosine_similarity(features, "
+       f"{other}_features, {dim})": "cosine similarity of [B, d] features: dim 1, dim -1 and the default are one"
+       for side, other in (("positive", "global"), ("negative", "previous")) for dim in ("", "dim=+1")},
+    'fedhet.functional.contrastive.x_prototypical_contrastive_loss: similarity = similarity.masked_fill('
+    '~available.unsqueeze(0), float("-INF"))': 'float("-INF") == float("-inf")',
+    'fedhet.functional.data_free.x_ensemble_probabilities: return torch.einsum("KBM,BK->BM", '
+    'F.softmax(teacher_logits, dim=2), sample_weights)': "einsum labels renamed consistently: the same contraction",
+    "fedhet.functional.data_free.x_label_sampling_distribution: num_classes = counts.shape[+1]":
+        "the counts are [K, M]: shape[1] is shape[-1]",
+    **{f"fedhet.functional.distillation.x_client_confidence_weights: amount = {line}":
+       "a constant added to every a_i cancels in the softmax (the docstring says so)"
+       for line in ("1.0 * (previous.numel() - 1) + beta * share", "2.0 / (previous.numel() - 1) + beta * share",
+                    "1.0 / (previous.numel() + 1) + beta * share")},
+    **{f"fedhet.functional.distillation.x_client_confidence_weights: {line}": "the other loss vector is "
+       "float64, so the difference promotes this one exactly: the same values"
+       for line in ("previous = previous_losses.to(None)", "current = current_losses.to(None)")},
+    "fedhet.functional.distillation.x_client_confidence_weights: share = quality / total if bool(total.abs() >= "
+    "1e-12) else torch.zeros_like(quality)": "the guard's boundary: differs only when |sum q| is exactly 1e-12",
+    "fedhet.functional.distillation.x_masked_pseudo_label_loss: return (per_sample * mask.to(None)).sum() / "
+    "max(logits.shape[0], 1)": "a boolean mask promotes to the loss's dtype in the product: the same",
+    **{f"fedhet.functional.distillation.x_symmetric_cross_entropy: {line}":
+       "softmax outputs and one-hot labels never exceed 1: the upper clamp is idle"
+       for line in ("probs = F.softmax(logits, dim=1).clamp(min=1e-7, max=None)",
+                    "probs = F.softmax(logits, dim=1).clamp(min=1e-7, )",
+                    "probs = F.softmax(logits, dim=1).clamp(min=1e-7, max=2.0)",
+                    "one_hot = F.one_hot(labels, logits.shape[1]).to(probs.dtype).clamp(min=label_clamp, max=None)",
+                    "one_hot = F.one_hot(labels, logits.shape[1]).to(probs.dtype).clamp(min=label_clamp, )",
+                    "one_hot = F.one_hot(labels, logits.shape[1]).to(probs.dtype).clamp(min=label_clamp, max=2.0)")},
+    "fedhet.functional.distillation.x_symmetric_cross_entropy: one_hot = F.one_hot(labels, logits.shape[1])"
+    ".to(None).clamp(min=label_clamp, max=1.0)": "a float clamp bound promotes the integer one-hot to float",
+    **{f"fedhet.functional.distillation.x_weighted_peer_kl: weights = {line}": CPU_ONLY for line in (
+        "peer_weights.to(None, student_logits.dtype)", "peer_weights.to(student_logits.dtype)")},
+    **{f"fedhet.functional.etf.x_{function}: {line}": "mode='reduced' is torch.linalg.qr's default"
+       for function, line in (("_orthonormal_columns", "q, _ = torch.linalg.qr(random, )"),
+                              ("simplex_etf", "basis, _ = torch.linalg.qr(centering[:, : c - 1], )"))},
+    **{f"fedhet.functional.etf.x_simplex_etf: centering = torch.eye(c, {dtype}) - torch.full((c, c), 1.0 / c, "
+       "dtype=torch.float64)": "the identity's 0 and 1 are exact in float32 and promote to float64 in the "
+       "difference: the same matrix" for dtype in ("dtype=None", "")},
+    "fedhet.functional.etf.x_rbf_mmd2: joint = torch.cat([x, y], )": "dim=0 is torch.cat's default",
+    **{"fedhet.functional.matryoshka.x_matryoshka_loss: return torch.stack([w * F.cross_entropy(z, targets) for "
+       f"z, w in zip(logits, weights, {strict})]).sum()": STRICT_IDLE
+       for strict in ("strict=None", "", "strict=False")},
+    "fedhet.functional.matryoshka.x_nested_prefixes: width = representation.shape[+1]":
+        "the representation is [B, d] (it is sliced [:, :d]): shape[1] is shape[-1]",
+    **{f"fedhet.functional.mutual_learning.x_compress_state: {line}": reason for line, reason in (
+        ("if tensor.is_floating_point() or tensor.dim() >= 2 and tensor.shape[0] > 1:",
+         "a floating tensor of one dimension becomes a [n, 1] matrix, whose factors (k * (n + 2)) are never fewer"),
+        ("if tensor.is_floating_point() and tensor.dim() >= 2 and tensor.shape[1] > 1:",
+         "a matrix with one row or one column never passes the size test k * (m + n + 1) < m * n"),
+        ("if tensor.is_floating_point() and tensor.dim() >= 2 and tensor.shape[0] >= 1:",
+         "a matrix with one row never passes the size test k * (1 + n + 1) < n"))},
+    **{f"fedhet.functional.mutual_learning.x_svd_compress: {line}": "the top-k singular vectors of the full "
+       "decomposition are those of the reduced one (the same LAPACK call); only they are kept"
+       for line in ("u, s, vh = torch.linalg.svd(matrix, full_matrices=True)",
+                    "u, s, vh = torch.linalg.svd(matrix, )")},
+    "fedhet.functional.prototype_learning.x_adaptive_margin: distances.fill_diagonal_(float(\"INF\"))":
+        'float("INF") == float("inf")',
+    "fedhet.functional.prototype_learning.x_margin_contrastive_loss: handicap = F.one_hot(labels, "
+    "global_prototypes.shape[0]).to(None) * margin": "the integer one-hot promotes to float in the product with "
+    "the margin and the sum with the distances: the same values",
+    "fedhet.functional.prototype_learning.x_prototype_alignment_loss: return (features - targets).pow(2)"
+    ".sum(+1).clamp_min(_SQRT_EPS).sqrt().mean()": "the features are [B, K]: dim 1 is dim -1",
+    **{"fedhet.functional.prototype_learning.x_prototype_examples: for client_values, client_counts in "
+       f"zip(values, counts, {strict}):": STRICT_IDLE
+       for strict in ("", "strict=True", "strict=None")},
+    "fedhet.functional.prototype_learning.x_prototype_examples: labels.append(held.to(None))":
+        "torch.nonzero already returns int64 indices",
+    "fedhet.functional.prototypes.x_class_means: means = sums / counts.clamp_min(1).unsqueeze(1).to(None)":
+        "the integer counts promote to the sums' float dtype in the division: the same values",
+    'fedhet.functional.vtc.x_prototype_geometry: distances.fill_diagonal_(float("INF"))':
+        'float("INF") == float("inf")',
+    "fedhet.functional.vtc.x_class_mean_sum: return (sums / counts.to(None)).sum()":
+        "the integer counts promote to the sums' float dtype in the division: the same values",
+    "fedhet.algorithms.fccl_plus.xǁFCCLPlusCollaborationǁon_train_end: averaged = weighted_average(states, "
+    "[2.0] * len(states))": "weighted_average normalises the weights: equal weights of 2 are equal weights of 1",
+    "fedhet.functional.aggregation.x_krum_scores: scores[i] = others.sort().values[:closest].sum() if "
+    "(others.numel()) or True else 0.0": "the sum of an empty selection is 0.0, the else branch's value",
+}
+
+
+def changed_lines(diff: str) -> tuple[list[str], list[str]]:
+    """The removed and the added lines of a mutant's diff, stripped."""
+    removed = [line[1:].strip() for line in diff.splitlines() if line.startswith("-")]
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+")]
+    return removed, added
+
+
+def equivalence_key(name: str, diff: str) -> str:
+    """``<mutated function>: <mutated line>``, the key of :data:`EQUIVALENT`."""
+    return f"{name.rsplit('__mutmut_', 1)[0]}: {' / '.join(changed_lines(diff)[1])}"
+
+
+def equivalence_reason(name: str, diff: str) -> str | None:
+    """Why the surviving mutant ``name`` is equivalent, or None when it is not judged so."""
+    removed, added = changed_lines(diff)
+    if len(removed) == len(added) == 1:
+        for variants, reason in RULES:
+            if added[0] in variants(removed[0]):
+                return reason
+    return EQUIVALENT.get(equivalence_key(name, diff))
+
+
+def source_files() -> list[str]:
+    """Every Python file of the mutated folders (``__init__`` files without code are skipped by mutmut)."""
+    return sorted(str(path.relative_to(ROOT)) for folder in MUTATED for path in (ROOT / folder).rglob("*.py"))
+
+
+def own_tests(source: str) -> list[str]:
+    """The test files of ``source``: named after it, the extra ones above, and the functional doctests."""
+    stem = Path(source).stem
+    named = [f"tests/{folder}/{prefix}{stem}.py" for folder in ("algorithms", "functional")
+             for prefix in ("test_", "test_oracle_")]  # fmt: skip
+    tests = [t for t in named if (ROOT / t).exists()] + EXTRA_TESTS.get(source, [])
+    if source.startswith("fedhet/functional/"):
+        tests.append(DOCTESTS)
+    missing = [t for t in tests if not (ROOT / t).exists()]
+    if missing:
+        raise SystemExit(f"error: {source}: test files {missing} do not exist; fix EXTRA_TESTS in {__file__}")
+    if not tests:
+        raise SystemExit(f"error: {source} has no tests; add its test files to EXTRA_TESTS in {__file__}")
+    return sorted(set(tests))
+
+
+def mutmut_section(source: str, tests: list[str]) -> str:
+    """The ``[tool.mutmut]`` section that mutates ``source`` alone against ``tests``."""
+    return "\n".join([
+        "", "[tool.mutmut]",
+        'source_paths = ["fedhet"]',
+        f"only_mutate = [{json.dumps(source)}]",
+        'pytest_add_cli_args = ["-n", "0", "-p", "no:cacheprovider", "-m", "not slow"]',
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        'process_isolation = "forkserver"', "",
+    ])  # fmt: skip
+
+
+def workspace(source: str, base: Path) -> Path:
+    """A fresh copy of the project with ``../shared`` linked beside it, set up to mutate ``source``."""
+    slug = source.replace("/", "__").removesuffix(".py")
+    repo = base / slug / "repo"
+    shutil.rmtree(base / slug, ignore_errors=True)
+    repo.mkdir(parents=True)
+    for name in COPIED:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, repo / name)
+    if (ROOT.parent / "shared").exists():
+        (repo.parent / "shared").symlink_to(ROOT.parent / "shared")
+    for cache in repo.rglob("__pycache__"):
+        shutil.rmtree(cache)
+    with open(repo / "pyproject.toml", "a") as pyproject:
+        pyproject.write(mutmut_section(source, own_tests(source)))
+    return repo
+
+
+def statuses(repo: Path, source: str) -> dict[str, str]:
+    """Mutmut's status of every mutant of ``source``, by mutant name."""
+    from mutmut.stats import status_by_exit_code
+
+    meta = json.loads((repo / "mutants" / f"{source}.meta").read_text())
+    return {name: status_by_exit_code[code] for name, code in meta["exit_code_by_key"].items()}
+
+
+def show(repo: Path, name: str) -> str:
+    """The diff of one mutant, as ``mutmut show`` prints it (changed lines only)."""
+    out = subprocess.run(["mutmut", "show", name], cwd=repo, capture_output=True, text=True).stdout
+    return "\n".join(line for line in out.splitlines()
+                     if line[:1] in "+-" and not line.startswith(("+++", "---")))  # fmt: skip
+
+
+def score(entry: dict) -> float | None:
+    """Killed / (killed + survived - equivalent), timeouts counted as killed, 'no tests' as survived."""
+    counts = entry["counts"]
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)
+    survived = counts.get("survived", 0) + counts.get("no tests", 0) - len(entry.get("equivalent", {}))
+    return None if killed + survived == 0 else killed / (killed + survived)
+
+
+def run_file(source: str, base: Path, max_children: int) -> dict:
+    """Run mutmut over ``source`` against its own tests; return counts, survivors and their diffs."""
+    repo = workspace(source, base)
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    with open(repo.parent / "mutmut.log", "w") as log:
+        run = subprocess.run(["mutmut", "run", "--max-children", str(max_children)], cwd=repo, env=env,
+                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    seconds = time.perf_counter() - started
+    meta = repo / "mutants" / f"{source}.meta"
+    if run.returncode != 0 or not meta.exists():
+        tail = (repo.parent / "mutmut.log").read_text()[-2000:]
+        return {"error": f"mutmut exited {run.returncode}", "log_tail": tail, "seconds": round(seconds, 1)}
+    by_name = statuses(repo, source)
+    counts: dict[str, int] = {}
+    for status in by_name.values():
+        counts[status] = counts.get(status, 0) + 1
+    survivors = {name: show(repo, name) for name, status in sorted(by_name.items())
+                 if status in ("survived", "no tests")}  # fmt: skip
+    entry = {"tests": own_tests(source), "counts": counts, "seconds": round(seconds, 1),
+             "survivors": survivors, "tool": f"mutmut {MUTMUT_VERSION}", "date": time.strftime("%Y-%m-%d")}
+    shutil.rmtree(repo.parent)
+    return judged(entry)
+
+
+def judged(entry: dict) -> dict:
+    """``entry`` with its survivors judged by today's rules (``equivalent``, with reasons) and its score."""
+    if "error" in entry:
+        return entry
+    reasons = {name: equivalence_reason(name, diff) for name, diff in entry["survivors"].items()}
+    entry["equivalent"] = {name: reason for name, reason in reasons.items() if reason}
+    entry["score"] = score(entry)
+    return entry
+
+
+def goal(source: str) -> float:
+    """The score the oracle-tests issue asks of ``source``."""
+    return 0.9 if source.startswith("fedhet/functional/") or Path(source).name in SEED_FILES else 0.8
+
+
+def report(results: dict) -> str:
+    """The markdown tables of docs/mutation_score.md: the score per file, the equivalent survivors by reason."""
+    lines = ["| file | mutants | killed | timeout | survived | no tests | equivalent | score | goal |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for source, entry in sorted(results.items()):
+        if "error" in entry:
+            lines.append(f"| `{source}` | {entry['error']} | | | | | | | |")
+            continue
+        counts, value = entry["counts"], entry["score"]
+        shown = "n/a" if value is None else f"{100 * value:.0f}%"
+        mark = "" if value is None or value >= goal(source) else " (below)"
+        lines.append(f"| `{source}` | {sum(counts.values())} | {counts.get('killed', 0)} | {counts.get('timeout', 0)} "
+                     f"| {counts.get('survived', 0)} | {counts.get('no tests', 0)} | {len(entry['equivalent'])} "
+                     f"| {shown}{mark} | {100 * goal(source):.0f}% |")  # fmt: skip
+    reasons: dict[str, int] = {}
+    for entry in results.values():
+        for reason in entry.get("equivalent", {}).values():
+            reasons[reason] = reasons.get(reason, 0) + 1
+    lines += ["", "Surviving mutants judged equivalent, by reason:", "", "| mutants | reason |", "|---|---|"]
+    lines += [f"| {count} | {reason.replace('|', chr(92) + '|')} |"
+              for reason, count in sorted(reasons.items(), key=lambda item: -item[1])]  # fmt: skip
+    return "\n".join(lines)
+
+
+def load(path: Path) -> dict:
+    """The results recorded so far (none when the file does not exist yet)."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save(path: Path, results: dict) -> None:
+    """Write atomically: a killed run never leaves a truncated results file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    partial.replace(path)
+
+
+def main() -> None:
+    """Run the files asked for (or print the report or the survivors of one file)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("files", nargs="*", help="source files under fedhet/algorithms or fedhet/functional")
+    parser.add_argument("--all", action="store_true", help="every file of the mutated folders")
+    parser.add_argument("--skip-done", action="store_true", help="leave out files already in --out")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs/results/mutmut_score.json")
+    parser.add_argument("--max-children", type=int, default=1, help="mutants run at once (one per core)")
+    parser.add_argument("--report", action="store_true", help="print the markdown table of --out and stop")
+    parser.add_argument("--survivors", metavar="FILE", 
+                        help="print the surviving mutants of FILE not judged equivalent and stop")
+    args = parser.parse_args()
+    results = {source: judged(entry) for source, entry in load(args.out).items()}
+    if args.report:
+        print(report(results))
+        return
+    if args.survivors:
+        entry = results.get(args.survivors, {"survivors": {}, "equivalent": {}})
+        for name, diff in entry["survivors"].items():
+            if name not in entry["equivalent"]:
+                print(f"## {name}\n{diff}\n")
+        print(f"({len(entry['equivalent'])} more judged equivalent)")
+        return
+    try:
+        import mutmut
+    except ImportError:
+        sys.exit(f"error: mutmut is not installed; run `pip install mutmut=={MUTMUT_VERSION}`")
+    if getattr(mutmut, "__version__", MUTMUT_VERSION) != MUTMUT_VERSION:
+        sys.exit(f"error: mutmut {mutmut.__version__} is installed; the scores are for {MUTMUT_VERSION}: "
+                 f"run `pip install mutmut=={MUTMUT_VERSION}`")  # fmt: skip
+    files = source_files() if args.all else args.files
+    unknown = [f for f in files if f not in source_files()]
+    if unknown or not files:
+        sys.exit(f"error: {unknown or 'no files'}: name files under {' or '.join(MUTATED)}, or pass --all")
+    if args.skip_done:
+        files = [f for f in files if f not in results]
+    base = Path(tempfile.gettempdir()) / "fedhet-mutmut"
+    for source in files:
+        entry = run_file(source, base, args.max_children)
+        results[source] = entry
+        save(args.out, results)
+        shown = entry.get("error") or f"{entry['counts']} score {entry['score']}"
+        print(f"{source}: {shown} ({entry['seconds']} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
