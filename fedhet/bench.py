@@ -24,6 +24,7 @@ scripts under ``reproductions/`` (``comparison.py``) build on the same :class:`C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -32,8 +33,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,11 +166,13 @@ def run_cells(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     echo: Callable[[str], None] = print,
+    on_done: Callable[[CellOutcome], None] | None = None,
 ) -> list[CellOutcome]:
     """Run every cell that is not complete, ``jobs`` processes at a time; returns their outcomes.
 
     Complete cells are skipped, partial ones resumed, stale ones restarted (see the module
     docstring). A failed cell does not stop the others; its log path and last line are echoed.
+    ``on_done`` is called with each outcome as it arrives, from this thread.
     """
     root = Path(root)
     cwd = Path.cwd() if cwd is None else cwd  # fixed now: the runs' relative config paths resolve from here
@@ -192,7 +195,7 @@ def run_cells(
         return CellOutcome(cell, code, time.perf_counter() - started, state == "partial", cell.log_path(root))
 
     outcomes = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, cancel_queued_on_exit(pool):
         futures = [pool.submit(one, cell) for cell in pending]
         for future in as_completed(futures):
             outcome = future.result()
@@ -205,7 +208,19 @@ def run_cells(
                     f"{outcome.cell.label} seed {outcome.cell.seed}: FAILED (exit {outcome.code}, log {outcome.log}): "
                     f"{last_log_line(outcome.log)}"
                 )
+            if on_done is not None:
+                on_done(outcome)
     return outcomes
+
+
+@contextlib.contextmanager
+def cancel_queued_on_exit(pool: Executor) -> Iterator[None]:
+    """On an interrupt or error, cancel the queued jobs: leaving the pool's block would otherwise start them all."""
+    try:
+        yield
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
 
 
 def record_cell(cell: Cell, root: Path) -> None:

@@ -184,7 +184,7 @@ def run_experiment(parser: Any, config: Any, resume: bool = False, callbacks: Se
         except BaseException as exc:
             wandb_callback.abort()
             if isinstance(exc, KeyboardInterrupt):
-                exc.run_dir = str(run_path)  # type: ignore[attr-defined]  # main() names it in the resume hint
+                exc.next_step = f"continue the run with 'fedhet fit --resume {run_path}'"  # type: ignore[attr-defined]
             if isinstance(exc, DiskError) and run_dir.checkpoint_path.is_file():
                 raise exc.with_next_step(f"then continue the run with 'fedhet fit --resume {run_path}'") from None
             raise
@@ -410,8 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fedhet: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        run_dir = getattr(exc, "run_dir", "<run_dir>")
-        print(f"fedhet: interrupted; continue the run with 'fedhet fit --resume {run_dir}'", file=sys.stderr)
+        next_step = getattr(exc, "next_step", "rerun the same command to continue")  # set by the command interrupted
+        print(f"fedhet: interrupted; {next_step}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader went away (``fedhet list | head``): stop quietly, as Unix tools do; stdout is

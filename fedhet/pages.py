@@ -31,6 +31,7 @@ from typing import Any
 from fedhet.bench import (
     BLOCKS,
     Cell,
+    CellOutcome,
     PageRequest,
     bars_png,
     bench_command,
@@ -50,7 +51,7 @@ from fedhet.bench import (
 from fedhet.errors import ConfigError
 from fedhet.files import atomic_write_text
 from fedhet.statistics import paired_difference
-from fedhet.tuning import TuningPlan, parse_tuning, tune_rows
+from fedhet.tuning import StudyResult, TuningPlan, parse_tuning, tune_rows
 
 GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template", "tuning", "claims",
              "selected", "extends", "only"}
@@ -862,50 +863,76 @@ def grid_command(
     Records come from ``--from_json`` (cells it has are not rerun) and from the complete run
     directories under ``out`` (the grid's ``out`` by default), which replace a json record of the
     same cell. Returns 1 when a cell failed or no cell has numbers, else 0.
+
+    The page and its json are rewritten as each row's tuning ends and as each cell ends, so an
+    interrupted bench keeps what it finished in the page's json: ``--from_json`` that json
+    continues it elsewhere, or after the run directories are gone.
     """
     grid = parse_grid(grid_path)
     root = Path(out) if out is not None else grid.out
     studies = studies_from_json(from_json) if from_json is not None and grid.tuning is not None else {}
-    if grid.tuning is not None and not report_only:
+    recorded = records_from_json(from_json, grid.cells()) if from_json is not None else {}
+    tuned = [r for r in grid.rows if grid.tuning is not None and grid.tuned(r)
+             and not (r.label in studies and grid.selected_config(r).is_file())] if not report_only else []  # fmt: skip
+
+    def pending() -> list[Cell]:  # a tuned row's cells are known once its selected config is written
+        cells = grid.cells()
+        return [c for c in cells if (c.label, c.seed) not in recorded or cell_state(c.run_dir(root)) == "partial"]
+
+    if tuned or (pending() and not report_only):
         threads = threads or default_threads(jobs)
-        tuned = [r for r in grid.rows
-                 if grid.tuned(r) and not (r.label in studies and grid.selected_config(r).is_file())]  # fmt: skip
+    recorded_threads = threads if threads is not None else studies_threads(from_json)
+
+    def records() -> dict[tuple[str, int], dict[str, Any]]:
+        found = dict(recorded)
+        for cell in grid.cells():
+            if cell_state(cell.run_dir(root)) == "complete":
+                found[cell.label, cell.seed] = record_of(cell, load_run(cell.run_dir(root)), grid)
+        return found
+
+    def write(found: dict[tuple[str, int], dict[str, Any]]) -> str:
+        failed = {(c.label, c.seed): failure_line(c.log_path(root)) for c in grid.cells()
+                  if (c.label, c.seed) not in found}  # fmt: skip
+        return write_page(grid, found, studies, recorded_threads, {cell: line for cell, line in failed.items() if line})
+
+    def save_progress(result: StudyResult | CellOutcome) -> None:
+        if isinstance(result, StudyResult):
+            studies[result.label] = result.as_dict()
+        write(records())
+
+    outcomes = []
+    try:
         if tuned:
             plan = grid.tuning
+            assert plan is not None
             validate_cells([Cell(r.label, r.config, plan.seed, (*r.flags, *plan.flags)) for r in tuned], root)
             echo(f"{grid.path}: tuning {len(tuned)} rows, {plan.trials} trials each, on val/{plan.metric}")
-            results = tune_rows([(r.label, r.config, r.flags) for r in tuned], grid.tuning, root, grid.selected,
-                                grid.page.stem, child_environment(threads), jobs, echo)  # fmt: skip
-            studies.update({label: result.as_dict() for label, result in results.items()})
-    cells = grid.cells()
-    records = records_from_json(from_json, cells) if from_json is not None else {}
-    outcomes = []
-    pending = [c for c in cells if (c.label, c.seed) not in records or cell_state(c.run_dir(root)) == "partial"]
-    if not report_only and pending:
-        for cell in pending:
-            if not Path(cell.config).is_file():
-                raise ConfigError(f"{grid.path}: {cell.label}: config {cell.config}: no such file")
-        check_recorded(pending, root)
-        validate_cells(pending, root)
-        threads = threads or default_threads(jobs)
-        echo(f"{grid.path}: {len(pending)} of {len(cells)} cells to run or check under {root}, "
-             f"{jobs} at a time, {threads} threads each")  # fmt: skip
-        outcomes = run_cells(pending, root, jobs, env=child_environment(threads), echo=echo)
-    for cell in cells:
-        if cell_state(cell.run_dir(root)) == "complete":
-            records[cell.label, cell.seed] = record_of(cell, load_run(cell.run_dir(root)), grid)
-    if not records:
+            tune_rows([(r.label, r.config, r.flags) for r in tuned], plan, root, grid.selected, grid.page.stem,
+                      child_environment(threads), jobs, echo, on_selected=save_progress)  # fmt: skip
+        to_run = pending() if not report_only else []
+        if to_run:
+            for cell in to_run:
+                if not Path(cell.config).is_file():
+                    raise ConfigError(f"{grid.path}: {cell.label}: config {cell.config}: no such file")
+            check_recorded(to_run, root)
+            validate_cells(to_run, root)
+            echo(f"{grid.path}: {len(to_run)} of {len(grid.cells())} cells to run or check under {root}, "
+                 f"{jobs} at a time, {threads} threads each")  # fmt: skip
+            outcomes = run_cells(to_run, root, jobs, env=child_environment(threads), echo=echo,
+                                 on_done=save_progress)  # fmt: skip
+    except KeyboardInterrupt as exc:
+        exc.next_step = (f"what finished is in {grid.page.with_suffix('.json')}: continue with "  # type: ignore[attr-defined]
+                         f"'{grid.json_command()}'")  # fmt: skip
+        raise
+    found = records()
+    if not found:
         echo(f"{grid.path}: no cell has numbers (no complete run under {root}, no record); nothing to write")
         return 1
-    recorded_threads = threads if threads is not None else studies_threads(from_json)
-    failed = {(c.label, c.seed): failure_line(c.log_path(root)) for c in cells if (c.label, c.seed) not in records}
-    failures = {cell: line for cell, line in failed.items() if line}
-    text = write_page(grid, records, studies, recorded_threads, failures)
-    echo(text)
+    echo(write(found))
     echo(f"wrote {grid.page} and {grid.page.with_suffix('.json')}")
     failed = [o for o in outcomes if not o.ok]
     if failed:
-        echo(f"{len(failed)} of {len(cells)} cells failed (logs above); rerun the same command to retry them")
+        echo(f"{len(failed)} of {len(grid.cells())} cells failed (logs above); rerun the same command to retry them")
         return 1
     return 0
 
@@ -945,6 +972,10 @@ def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
             lines += [f"* {c.claim} ({c.paper or 'no paper reference'})" for c in grid.claims] + [""]
             continue
         names = {r.label: r.name for r in grid.rows}
+        missing = payload.get("missing") or []
+        if missing:
+            lines += [f"**Partial**: {len(missing)} cells of the page are not recorded yet; these verdicts are over "
+                      "the seeds recorded so far.", ""]  # fmt: skip
         lines += [claims_markdown(results, names), ""]
         for result in results:
             tally[result["verdict"]] = tally.get(result["verdict"], 0) + 1

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.bench import cell_state, override_flag
+from fedhet.bench import cancel_queued_on_exit, cell_state, override_flag
 from fedhet.errors import ConfigError
 from fedhet.files import atomic_write_text
 from fedhet.seeding import derive_seed
@@ -506,9 +506,16 @@ def tune_rows(
     env: dict[str, str],
     jobs: int = 1,
     echo: Callable[[str], None] = print,
+    on_selected: Callable[[StudyResult], None] | None = None,
 ) -> dict[str, StudyResult]:
-    """Tune every ``(label, config, flags)`` row (``jobs`` rows at a time) and write each selected config."""
+    """Tune every ``(label, config, flags)`` row (``jobs`` rows at a time) and write each selected config.
+
+    ``on_selected`` is called with each row's result as soon as its selection is written, one
+    call at a time (so that a caller can save the study before the other rows finish).
+    """
     from concurrent.futures import ThreadPoolExecutor
+
+    selected_lock = threading.Lock()
 
     studies = [RowStudy(label, config, flags, plan, root, f"tune/{page}/{label}") for label, config, flags in rows]
     selected_dir = Path.cwd() / selected_dir  # written from threads: see RowStudy
@@ -525,12 +532,16 @@ def tune_rows(
                   f"{best.number} of {plan.trials}, val/{plan.metric} = {best.value:.2f} at seed {plan.seed}.\n"
                   f"Selected: {json.dumps(best.params)}\nRun: fedhet fit --config {shown}")  # fmt: skip
         write_selected_config(study.config, study.row_flags, best.params, path, header)
-        return StudyResult(study.label, study.space_spec, list(trials), best, str(shown))
+        result = StudyResult(study.label, study.space_spec, list(trials), best, str(shown))
+        if on_selected is not None:
+            with selected_lock:
+                on_selected(result)
+        return result
 
     if jobs <= 1:
         results = [one(s) for s in studies]
     else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        with ThreadPoolExecutor(max_workers=jobs) as pool, cancel_queued_on_exit(pool):
             results = list(pool.map(one, studies))
     return {r.label: r for r in results}
 

@@ -169,3 +169,22 @@ def test_stability_verdict_counts_current_configs_that_complete_every_seed(monke
     incomplete = lines.split("not yet run at every seed: ")[1]
     assert "digits_dir/fedavg" in incomplete and "digits/fedavg" in incomplete and "digits/fd," in incomplete
     assert "digits_dir/fd," not in incomplete
+
+
+def test_an_interrupted_bench_starts_no_queued_cell(tmp_path, monkeypatch):
+    """Ctrl-C while cells wait in the pool stops the bench: the queued cells are cancelled, not all started."""
+    import sys
+
+    from fedhet.bench import run_cells
+
+    started = tmp_path / "started.txt"
+    script = f"import sys; open({str(started)!r}, 'a').write(sys.argv[1] + '\\n')"
+    monkeypatch.setattr(Cell, "command", lambda self, root: [sys.executable, "-c", script, str(self.seed)])
+    cells = [Cell("row", "unused.yaml", seed) for seed in range(4)]
+
+    def interrupt(outcome):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_cells(cells, tmp_path / "runs", jobs=1, echo=lambda _: None, on_done=interrupt)
+    assert started.read_text().split() in (["0"], ["0", "1"])  # the one a worker took already may finish

@@ -119,8 +119,12 @@ def test_claims_page_collects_every_pages_verdicts(tmp_path, monkeypatch):
     assert "Not run yet" in text and "* A beats B (Table 1)" in text
     grid.page.with_suffix(".json").write_text(json.dumps(payload))
     text = claims_page([str(grid_path)], out)
-    assert "In all: 1 fails, 1 holds, 1 inconclusive." in text
+    assert "In all: 1 fails, 1 holds, 1 inconclusive." in text and "Partial" not in text
     assert out.read_text() == text
+    del records["c", 2]  # a page still running: its verdicts are marked as partial
+    _, payload = render_page(grid, records, {}, threads=1)
+    grid.page.with_suffix(".json").write_text(json.dumps(payload))
+    assert "**Partial**: 1 cells of the page are not recorded yet" in claims_page([str(grid_path)], out)
 
 
 def test_grid_mistakes_in_tuning_and_claims_are_one_line(tmp_path):
@@ -134,3 +138,118 @@ def test_grid_mistakes_in_tuning_and_claims_are_one_line(tmp_path):
         parse_grid(_grid(tmp_path, GRID.replace("trials: 3,", "budget: 3, trials: 3,")))
     with pytest.raises(ConfigError, match="tune: 'no'"):
         parse_grid(_grid(tmp_path, GRID.replace("tune: false", "tune: 'no'")))
+
+
+#: Stands in for ``fedhet fit`` in both stages: a tuning trial (sealed test splits) scores its lr on validation;
+#: a seed run records acc_local = 50 (row a), 40 (row b) or 45 (row c) plus its seed. Every call is logged, and
+#: seed runs listed in FEDHET_TEST_FAIL_SEEDS fail (a machine lost mid-bench).
+FAKE_FIT = """
+import json, os, sys
+from pathlib import Path
+args = sys.argv[1:]
+config, seed, run_dir = (args[args.index(k) + 1] for k in ("--config", "--seed", "--run_dir"))
+run_dir = Path(run_dir)
+with open(os.environ["FEDHET_TEST_CALLS"], "a") as calls:
+    calls.write(f"{Path(config).stem} {seed}\\n")
+if "--federation.seal_test=true" in args:
+    lr = float(next(a.split("=", 1)[1] for a in reversed(args) if a.startswith("--method.init_args.lr=")))
+    run_dir.mkdir(parents=True)
+    record = {"round": 0, "val/acc_local": 100 - 1e4 * (lr - 0.05) ** 2}
+    (run_dir / "metrics.jsonl").write_text(json.dumps(record) + "\\n")
+    (run_dir / "summary.json").write_text(json.dumps({"wall_s": 0.01}))
+    sys.exit(0)
+if seed in os.environ.get("FEDHET_TEST_FAIL_SEEDS", "").split():
+    print("fedhet: error: the machine went away")
+    sys.exit(1)
+value = {"a": 50.0, "b": 40.0}.get(Path(config).stem, 45.0) + int(seed)
+run_dir.mkdir(parents=True)
+(run_dir / "metrics.jsonl").write_text(json.dumps({"round": 0, "acc_local": value}) + "\\n")
+final = {"acc_local": value}
+(run_dir / "summary.json").write_text(json.dumps({"method": "m", "final": final, "best": final, "last3": {},
+    "comm": {"bytes_up_per_round": 1, "bytes_down_per_round": 1}, "wall_s": 1.0}))
+"""
+
+
+def test_an_interrupted_bench_continues_from_its_page_json_alone(tmp_path, monkeypatch, capsys):
+    """A bench interrupted in either stage continues from its page's json alone, and ends as it would have.
+
+    Each tuned row and each finished cell is in the json at once; the run directories are deleted before each
+    continuation, so nothing finished can be rerun from them.
+    """
+    import shutil
+    import sys
+
+    import fedhet.pages
+    from fedhet.bench import Cell
+    from fedhet.cli import main
+    from fedhet.tuning import RowStudy
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    script, calls = tmp_path / "fake_fit.py", tmp_path / "calls.txt"
+    script.write_text(FAKE_FIT)
+    monkeypatch.setenv("FEDHET_TEST_CALLS", str(calls))
+    monkeypatch.setattr(RowStudy, "command", lambda self, number, params, original=RowStudy.command:
+                        [sys.executable, str(script), *original(self, number, params)[4:]])  # fmt: skip
+    monkeypatch.setattr(Cell, "command", lambda self, root: [sys.executable, str(script), *self.fit_args(root)])
+    text = GRID.replace("seeds: [0, 1, 2]\n", "seeds: [0, 1, 2]\nselected: {selected}\n")
+    text = text.replace("trials: 3,", "trials: 2,")
+
+    def bench(name: str, *flags: str) -> tuple[int, dict]:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text.format(page=tmp_path / name / "page.md", out=tmp_path / name / "runs",
+                                    selected=tmp_path / name / "selected"))  # fmt: skip
+        code = main(["bench", "--grid", str(path), "--jobs", "1", *flags])
+        return code, json.loads((tmp_path / name / "page.json").read_text())
+
+    _, uninterrupted = bench("whole")
+    calls.write_text("")
+
+    # 1. interrupted after row a's tuning: its study is in the json already, row b's is not
+    real_tune_rows = fedhet.pages.tune_rows
+
+    def interrupted_tuning(*args, on_selected, **kwargs):
+        def selected_then_stop(result):
+            on_selected(result)
+            raise KeyboardInterrupt
+
+        return real_tune_rows(*args, on_selected=selected_then_stop, **kwargs)
+
+    monkeypatch.setattr(fedhet.pages, "tune_rows", interrupted_tuning)
+    capsys.readouterr()
+    assert bench("cut")[0] == 130
+    assert f"interrupted; what finished is in {tmp_path / 'cut' / 'page.json'}: continue with 'fedhet bench --grid " \
+        in capsys.readouterr().err
+    monkeypatch.setattr(fedhet.pages, "tune_rows", real_tune_rows)
+    saved = tmp_path / "saved.json"
+    shutil.copy(tmp_path / "cut" / "page.json", saved)
+    assert list(json.loads(saved.read_text())["tuning"]["rows"]) == ["a"]
+    shutil.rmtree(tmp_path / "cut" / "runs")
+
+    # 2. continued from the json: row b is tuned, row a is not; the seeds 1 and 2 are lost with the machine
+    calls.write_text("")
+    monkeypatch.setenv("FEDHET_TEST_FAIL_SEEDS", "1 2")
+    code, payload = bench("cut", "--from_json", str(saved))
+    ran = calls.read_text().splitlines()
+    assert code == 1 and ran[:2] == ["fedprox 9", "fedprox 9"] and not any(r.startswith("fedavg") for r in ran)
+    assert [(r["label"], r["seed"]) for r in payload["runs"]] == [("a", 0), ("b", 0), ("c", 0)]
+    assert payload["missing"][0] == "a seed 1 (failed: the machine went away)" and len(payload["missing"]) == 6
+    shutil.copy(tmp_path / "cut" / "page.json", saved)
+    shutil.rmtree(tmp_path / "cut" / "runs")
+
+    # 3. continued again: only the six missing cells run, and the page is the uninterrupted one
+    calls.write_text("")
+    monkeypatch.delenv("FEDHET_TEST_FAIL_SEEDS")
+    code, payload = bench("cut", "--from_json", str(saved))
+    assert code == 0 and sorted(calls.read_text().splitlines()) == sorted(f"{r} {s}" for r in "ab" for s in "12") + [
+        "local 1", "local 2"]
+    def numbers(runs: list[dict]) -> list[dict]:  # config paths and their digest tags name the page's directory
+        return [{k: v for k, v in r.items() if k not in ("config", "flags")} for r in runs]
+
+    assert numbers(payload["runs"]) == numbers(uninterrupted["runs"]) and len(payload["runs"]) == 9
+    assert payload["claims"] == uninterrupted["claims"]
+    assert payload["tables"] == uninterrupted["tables"] and payload["missing"] == []
+    strip = [{k: v for k, v in t.items() if k != "wall_s"} for row in ("a", "b")
+             for t in payload["tuning"]["rows"][row]["trials"]]  # fmt: skip
+    assert strip == [{k: v for k, v in t.items() if k != "wall_s"} for row in ("a", "b")
+                     for t in uninterrupted["tuning"]["rows"][row]["trials"]]  # fmt: skip
