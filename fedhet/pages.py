@@ -516,6 +516,7 @@ def record_of(cell: Cell, summary: dict[str, Any], grid: Grid) -> dict[str, Any]
         "label": cell.label, "config": cell.config, "seed": cell.seed, "flags": list(cell.flags),
         "method": summary.get("method"), "values": values, "curves": {m: c for m, c in curves.items() if c},
         **({"unreached": unreached} if unreached else {}),
+        **({"environment": summary["environment"]} if "environment" in summary else {}),
     }  # fmt: skip
 
 
@@ -728,6 +729,34 @@ def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
+def environments(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct machines and software stacks the test runs ran on, each with its number of runs.
+
+    Numbers are bitwise reproducible only on the stack that made them (:func:`fedhet.tracking.rundir.run_environment`),
+    so a page continued on another machine says which runs came from where.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for record in records:
+        env = record.get("environment")
+        if env is None:
+            continue
+        what = {k: env.get(k) for k in ("torch", "cpu", "cpu_capability", "gpu")}
+        key = json.dumps(what, sort_keys=True)
+        found.setdefault(key, {**what, "runs": 0})["runs"] += 1
+    return list(found.values())
+
+
+def environments_markdown(records: Sequence[dict[str, Any]]) -> str:
+    """One line: the machines of the test runs (``""`` when no run recorded its environment)."""
+    found = environments(records)
+    if not found:
+        return ""
+    shown = "; ".join(f"{e['runs']} runs on {e['gpu'] or e['cpu']} ({e['cpu_capability']}), torch {e['torch']}"
+                      for e in found)  # fmt: skip
+    unknown = len(records) - sum(e["runs"] for e in found)
+    return f"* **Machines**: {shown}" + (f"; {unknown} runs unrecorded." if unknown else ".")
+
+
 def budget_markdown(grid: Grid, studies: dict[str, dict[str, Any]], records: Sequence[dict[str, Any]],
                     threads: int | None) -> str:  # fmt: skip
     """What the page cost and how it selected: trials, trial budget, seeds, selection metric, core-hours."""
@@ -748,6 +777,7 @@ def budget_markdown(grid: Grid, studies: dict[str, dict[str, Any]], records: Seq
         f"* **Test**: seeds {', '.join(map(str, grid.seeds))} of every row; the tables and claims read test "
         "numbers of those runs only.",
         f"* **Cost**: {tuning_s / 3600:.2f} h of tuning runs and {test_s / 3600:.2f} h of test runs, {per}: {core}.",
+        *([environments_markdown(records)] if environments(records) else []),
         *([f"* **Shared search**: {', '.join(f'`{k}`' for k in plan['shared'])} in one range for every row."]
           if plan["shared"] else []),
         *([f"* **Never searched**: {', '.join(f'`{e}`' for e in plan['exclude'])} (every row)."]
@@ -818,6 +848,7 @@ def render_page(
                      for (prefix, _), label in zip(t.groups(), t.labels(row), strict=True) if by_row.get(label)}
             for t in grid.tables
         },
+        "environments": environments(ordered),
         "runs": ordered,
     }  # fmt: skip
     if grid.claims:

@@ -50,6 +50,9 @@ def test_fit_writes_the_results_contract(run_dir, capsys):
     assert summary["method"] == "FedProto" and summary["rounds"] == 2 and summary["seed"] == 0
     assert {"acc_intra", "acc_inter"} <= set(summary["final"]) and {"acc_intra", "acc_inter"} <= set(summary["best"])
     assert summary["comm"]["bytes_up"] > 0 and summary["comm"]["bytes_down"] > 0
+    environment = summary["environment"]  # what the numbers were computed on (bitwise reproducible only there)
+    assert environment["torch"] == torch.__version__ and environment["threads"] == torch.get_num_threads()
+    assert environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and environment["gpu"] is None
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [0, 1]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())

@@ -105,6 +105,13 @@ def test_page_computes_each_claims_verdict_and_lists_the_tuning(tmp_path):
     # cost: 3 trials x 30 s of tuning + 9 runs x 60 s of test, at 2 threads
     assert "0.03 h of tuning runs and 0.15 h of test runs, 2 thread(s) per run: 0.35 core-hours" in text
     assert payload["tuning"]["plan"]["trials"] == 3
+    assert "Machines" not in text and payload["environments"] == []  # records made before runs kept it
+    home = {"torch": "2.14.1", "cpu": "Xeon", "cpu_capability": "AVX512", "gpu": None, "threads": 1}
+    for (label, seed), record in records.items():
+        record["environment"] = {**home, "cpu_capability": "AVX2"} if (label, seed) == ("c", 2) else home
+    text, payload = render_page(grid, records, {"a": study}, threads=2)
+    assert "* **Machines**: 8 runs on Xeon (AVX512), torch 2.14.1; 1 runs on Xeon (AVX2), torch 2.14.1." in text
+    assert [e["runs"] for e in payload["environments"]] == [8, 1]
     assert "| Method A | 51.00 ± 1.00 (50.00, 52.00, 51.00) |" in text  # mean ± std (per-seed values)
 
 

@@ -6,7 +6,8 @@ Layout::
     <run_dir>/metrics.jsonl    one JSON line per round, appended as each round ends
     <run_dir>/checkpoint.pt    state after the last completed round (atomic; weights_only loadable)
     <run_dir>/clients/         per-client states when the disk state store is used
-    <run_dir>/summary.json     final and best metrics, communication, wall time; written last
+    <run_dir>/summary.json     final and best metrics, communication, wall time, the environment
+                               (versions, CPU, threads, GPU: :func:`run_environment`); written last
 
 ``summary.json`` exists only for a finished run, so a directory without it is never mistaken
 for a complete result. Every file is written atomically (temporary file, fsync, rename).
@@ -312,8 +313,33 @@ class RunDirectory:
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
+def run_environment() -> dict[str, Any]:
+    """What a run's numbers were computed on: versions, CPU model, threads and the GPU if one was used.
+
+    The same seed gives the same numbers on one machine and software stack; on another CPU
+    (other vector instructions, so other float rounding) or another torch, training takes another
+    path. A page whose cells ran on several machines (a long bench continued from its json) says
+    so from this record.
+    """
+    import platform
+
+    import lightning
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_initialized() else None
+    return {"python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
+            "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(), "gpu": gpu}  # fmt: skip
+
+
 class RunDirectoryCallback:
-    """Round callback: metrics line, then checkpoint, each round; the summary at the end."""
+    """Round callback: metrics line, then checkpoint, each round; the summary (with its environment) at the end."""
 
     def __init__(self, run_dir: RunDirectory, extra_state: dict[str, Any] | None = None) -> None:
         self.run_dir = run_dir
@@ -324,4 +350,4 @@ class RunDirectoryCallback:
         self.run_dir.save_checkpoint({**loop.checkpoint_state(), **self.extra_state})
 
     def on_run_end(self, loop: Any, summary: dict[str, Any]) -> None:
-        self.run_dir.write_summary(summary)
+        self.run_dir.write_summary({**summary, "environment": run_environment()})
