@@ -244,6 +244,9 @@ EQUIVALENT: dict[str, str] = {
     "[2.0] * len(states))": "weighted_average normalises the weights: equal weights of 2 are equal weights of 1",
     "fedhet.functional.aggregation.x_krum_scores: scores[i] = others.sort().values[:closest].sum() if "
     "(others.numel()) or True else 0.0": "the sum of an empty selection is 0.0, the else branch's value",
+    "fedhet.algorithms.fedmdcg.xǁFedMDCGClientǁramp: return ramp_weight(self.round_idx, max(self.total_rounds, 2), "
+    "self.hp.ramp, self.hp.ramp_power)": "the guard differs only for total_rounds 1 with round_idx >= 1, which no run "
+    "reaches (round_idx < total_rounds; a client alone has 1 and 0): ramp 0 either way",
 }
 
 

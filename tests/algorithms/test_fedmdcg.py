@@ -359,3 +359,77 @@ def test_test_shards_are_disjoint_class_balanced_and_cover_the_global_test():
         assert int(counts.max() - counts.min()) <= 1
     with pytest.raises(DataError, match="pool_train_test"):
         tiny_label_skew(local_test="test_shards")
+
+
+# ------------------------------------------------------------------ the paper's protocol around any base
+def test_paper_protocol_forwards_everything_to_its_base():
+    """PaperProtocol changes what is measured only; everything else is its base's.
+
+    Hyperparameters, payload types, clients, phases and the scenario's format are the base's; every client starts
+    from client 0's initialisation.
+    """
+    from fedhet.algorithms.base import DataFormat
+    from fedhet.models import create_model
+
+    base = FedPer(lr=0.05)
+    protocol = PaperProtocol(base)
+    assert protocol.hp is base.hp and protocol.name == base.name
+    assert (protocol.upload_type, protocol.download_type) == (base.upload_type, base.download_type)
+    assert [protocol.initialisation_of(c) for c in (0, 1, 7)] == [0, 0, 0]
+    data_format = DataFormat(image_size=16, channels=1, mean=(0.5,), std=(0.5,), num_classes=7)
+    protocol.configure(data_format)
+    assert protocol.data_format is data_format and base.data_format is data_format
+    client = protocol.build_client(create_model("cnn_tiny", 7, seed=0), 7)
+    assert type(client) is type(base.build_client(create_model("cnn_tiny", 7, seed=0), 7)) and client.num_classes == 7
+    seen = []
+    base.build_collaborative_phase = lambda clients: seen.append(clients) or "phase"  # type: ignore[method-assign]
+    assert protocol.build_collaborative_phase(["c0", "c1"]) == "phase" and seen == [["c0", "c1"]]
+    loop = _loop(PaperProtocol(FedAvg(lr=0.05)), rounds=1)
+    first = state_digests(loop.runtime.initial_state(0)["module"])
+    assert state_digests(loop.runtime.initial_state(2)["module"]) == first
+
+
+def test_client_keyword_overrides_and_a_fresh_clients_loss_parts():
+    """A client reused on its own takes keyword overrides of its hyperparameters.
+
+    Before any stage-2 step it has no loss parts to log (an empty dict, not None).
+    """
+    from fedhet.models import create_model
+
+    algorithm = FedMDCG(**SMALL)
+    model = create_model("cnn_tiny", 10, seed=0)
+    client = FedMDCGClient(model, 10, algorithm.make_generator(16, 10), algorithm.hp, lambda_logit_kl=3.0)
+    assert client.hp.lambda_logit_kl == 3.0 and algorithm.hp.lambda_logit_kl != 3.0
+    assert client.last_parts == {}
+
+
+def test_ramp_power_shapes_the_stage_one_ramp():
+    """lambda(r) = (round_idx / R) ** power (App. C): round 6 of 10 with power 2 gives 0.25, power 1 gives 0.5."""
+    _, linear = _client(FedMDCG(**SMALL), round_idx=5, total_rounds=10)
+    _, squared = _client(FedMDCG(**SMALL, ramp_power=2.0), round_idx=5, total_rounds=10)
+    assert linear.ramp() == 0.5 and squared.ramp() == 0.25
+
+
+def test_zero_generated_ce_weight_draws_no_labels():
+    """With lambda_1 = 0 the generated-sample CE is off even with a label distribution.
+
+    The loss is CE plus the other two terms, and no random labels are drawn (the run's random stream is untouched).
+    """
+    algorithm = FedMDCG(**SMALL, lambda_generated_ce=0.0, lambda_feature_mse=0.5, lambda_logit_kl=2.0)
+    _, client = _client(algorithm, round_idx=5, total_rounds=10)
+    client.on_receive(_download(client))
+    assert client.label_distribution is not None
+    x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 2, 3, 9])
+    with seeded(7):
+        got = client.model_update_loss(x, y)
+        stream_after_loss = torch.get_rng_state()
+    with seeded(7):
+        features = client.model.forward_features(x)
+        logits = client.model.forward_head(features)
+        generated, _ = client.global_generator(y)  # the only draw: the generator's noise
+        stream_after_expected = torch.get_rng_state()
+    target = F.softmax(client.model.forward_head(generated), 1)
+    kl = (target * (target.log() - F.log_softmax(logits, 1))).sum(1).mean()
+    expected = F.cross_entropy(logits, y) + 0.5 * (0.5 * ((features - generated) ** 2).mean() + 2.0 * kl)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(stream_after_loss, stream_after_expected)
