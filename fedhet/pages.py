@@ -18,6 +18,7 @@ The format is documented in ``docs/results_pages.md``.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import math
@@ -57,7 +58,8 @@ GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figure
              "selected", "extends", "only"}
 ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds", "tune"}
 CLAIM_KEYS = {"claim", "paper", "better", "than", "metric"}
-TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds", "per_seed", "across"}
+TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds", "per_seed", "across",
+              "outcomes"}
 FIGURE_KEYS = {"name", "kind", "rows", "block", "metrics"}
 #: numbers of a run that belong to no block of ``summary.json``: bytes and time per run, and the seconds
 #: per round its clients fitted and its server took (aggregate and refine: the round less fit and evaluation)
@@ -72,6 +74,8 @@ PLACEHOLDER = re.compile(
     r"\{(title|command|json_command|seeds|missing|tuning|claims|budget|table:[\w.-]+|figure:[\w.-]+)\}"
 )
 ANY_PLACEHOLDER = re.compile(r"\{([a-z_]+(?::[^{}\s]*)?)\}")
+#: the round a run was stopped in, from its one-line error ("client 3 got a non-finite training loss in round 7")
+STOPPED_ROUND = re.compile(r"in round (\d+)")
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,9 @@ class Table:
     #: ``((prefix, header), ...)``: a pivot. ``rows`` are then label suffixes and each prefix is a group of
     #: columns: the cell of row ``r`` under prefix ``p`` is row ``p/r``'s (``b0.3/fedavg`` beside ``b0.6/fedavg``)
     across: tuple[tuple[str, str], ...] = ()
+    #: not numbers but how each row's runs ended: completed, diverged (a non-finite loss or upload stopped the
+    #: run; with its round) or failed, per seed, and a line counting the rows that completed every seed
+    outcomes: bool = False
 
     def groups(self) -> tuple[tuple[str | None, str], ...]:
         """The column groups: each pivot prefix with its header, or one unnamed group."""
@@ -252,6 +259,25 @@ def _seeds(where: str, seeds: Any) -> tuple[int, ...]:
     if not seeds or not integers:
         raise _fail(where, "seeds: write a non-empty list of integers, e.g. [0, 1, 2]")
     return tuple(seeds)
+
+
+def _rows(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, ...]) -> list[Row]:
+    """One ``rows:`` entry; a ``config`` with a wildcard is one row per matching file, labelled ``<label>/<stem>``.
+
+    Why: a page over every shipped config of a folder (``config: configs/experiments/digits/*.yaml``) lists
+    them once, and a config added to the folder joins the page without an edit.
+    """
+    entry = _keys(where, entry, ROW_KEYS, ("label", "config"))
+    pattern = str(entry["config"])
+    if not any(char in pattern for char in "*?["):
+        return [_row(where, entry, flags, grid_seeds)]
+    if "name" in entry:
+        raise _fail(where, "name: a row with a wildcard config is named after each file; leave name out")
+    matches = [Path(match) for match in sorted(glob.glob(pattern))]
+    if not matches:
+        raise _fail(where, f"config {pattern}: no file matches (paths are relative to the repository root)")
+    return [_row(where, {**entry, "label": f"{entry['label']}/{path.stem}", "config": str(path)}, flags, grid_seeds)
+            for path in matches]  # fmt: skip
 
 
 def _row(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, ...]) -> Row:
@@ -394,7 +420,8 @@ def parse_grid(path: str | Path) -> Grid:
     flags = _flags(where, data.get("flags"))
     if not isinstance(data["rows"], list) or not data["rows"]:
         raise _fail(where, "rows: write a non-empty list of {label, config, flags, set}")
-    rows = tuple(_row(f"{where}: rows[{i}]", entry, flags, seeds) for i, entry in enumerate(data["rows"]))
+    rows = tuple(row for i, entry in enumerate(data["rows"])
+                 for row in _rows(f"{where}: rows[{i}]", entry, flags, seeds))  # fmt: skip
     labels = [r.label for r in rows]
     duplicate = next((label for label in labels if labels.count(label) > 1), None)
     if duplicate:
@@ -404,13 +431,20 @@ def parse_grid(path: str | Path) -> Grid:
     tables = []
     for i, entry in enumerate(data["tables"]):
         at = f"{where}: tables[{i}]"
-        entry = _keys(at, entry, TABLE_KEYS, ("name", "metrics"))
+        outcomes = entry.get("outcomes", False)
+        if not isinstance(outcomes, bool):
+            raise _fail(at, f"outcomes: {outcomes!r}: write true (how each row's runs ended) or false")
+        entry = _keys(at, entry, TABLE_KEYS, ("name",) if outcomes else ("name", "metrics"))
+        if outcomes and ("metrics" in entry or "across" in entry):
+            raise _fail(at, "outcomes: an outcome table has its own columns; leave metrics and across out")
         block = _block(at, entry.get("block", "final"))
         across, shown = _across(at, entry, labels)  # a pivot's rows and minus name label suffixes
+        columns = () if outcomes else _columns(at, entry["metrics"], block, shown)
         tables.append(Table(
-            str(entry["name"]), _rows_of(at, entry, shown), _columns(at, entry["metrics"], block, shown),
+            str(entry["name"]), _rows_of(at, entry, shown), columns,
             int(entry.get("digits", 2)), str(entry.get("label", "method")), bool(entry.get("seeds_column", False)),
             None if "seeds" not in entry else _seeds(at, entry["seeds"]), bool(entry.get("per_seed", False)), across,
+            outcomes,
         ))  # fmt: skip
     figures = []
     for i, entry in enumerate(data.get("figures") or []):
@@ -513,18 +547,35 @@ def record_of(cell: Cell, summary: dict[str, Any], grid: Grid) -> dict[str, Any]
             values[key] = float(value)
     curves = {m: [r[m] for r in history if isinstance(r.get(m), (int, float))] for m in grid.curve_metrics()}
     return {
-        "label": cell.label, "config": cell.config, "seed": cell.seed, "flags": list(cell.flags),
-        "method": summary.get("method"), "values": values, "curves": {m: c for m, c in curves.items() if c},
+        "label": cell.label, "config": cell.config, "config_sha256": config_digest(cell.config), "seed": cell.seed,
+        "flags": list(cell.flags), "method": summary.get("method"), "values": values,
+        "curves": {m: c for m, c in curves.items() if c},
         **({"unreached": unreached} if unreached else {}),
         **({"environment": summary["environment"]} if "environment" in summary else {}),
     }  # fmt: skip
+
+
+def config_digest(config: str) -> str | None:
+    """The SHA-256 of a config file's values as they are now (``None`` when it is gone or not YAML).
+
+    The YAML's data, not its bytes: a comment or a reformatting changes no run, a changed value does.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(config).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def records_from_json(path: Path, cells: Sequence[Cell]) -> dict[tuple[str, int], dict[str, Any]]:
     """The recorded runs of a page json that are cells of this grid, by (label, seed).
 
     A record of a planned label and seed that was made with another config or other flags is
-    refused: its numbers are not this grid's.
+    refused: its numbers are not this grid's. A record whose config file has changed since (its
+    ``config_sha256`` is not the file's now) is left out, so the cell runs again with the config as
+    it is; records written before digests were kept have none and are used as they are.
     """
     try:
         payload = json.loads(Path(path).read_text())
@@ -545,8 +596,29 @@ def records_from_json(path: Path, cells: Sequence[Cell]) -> dict[tuple[str, int]
                 f"--from_json {path}: {cell.label} seed {cell.seed} was run with {record.get('config')} "
                 f"{' '.join(record.get('flags', []))}, not as the grid says; rerun it or fix the grid"
             )
+        if record.get("config_sha256") not in (None, config_digest(cell.config)):
+            continue  # the config changed after this run: rerun the cell
         records[cell.label, cell.seed] = record
     return records
+
+
+def failures_from_json(path: Path, cells: Sequence[Cell]) -> dict[tuple[str, int], str]:
+    """The one-line errors a page json recorded for cells of this grid that have no numbers (same config, flags).
+
+    A failed cell still runs again unless ``--report_only``; the recorded line shows where it is not rerun.
+    """
+    try:
+        failed = json.loads(Path(path).read_text()).get("failed") or []
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return {}  # records_from_json names the problem
+    planned = {(c.label, c.seed): c for c in cells}
+    found = {}
+    for entry in failed:
+        cell = planned.get((entry.get("label"), entry.get("seed")))
+        same = cell is not None and entry.get("config") == cell.config and entry.get("flags", []) == list(cell.flags)
+        if same and entry.get("config_sha256") == config_digest(cell.config):
+            found[cell.label, cell.seed] = str(entry.get("message", ""))
+    return found
 
 
 def studies_from_json(path: Path) -> dict[str, dict[str, Any]]:
@@ -634,6 +706,63 @@ def markdown_table(table: Table, grid: Grid, by_row: dict[str, list[dict[str, An
         first = next((label, records) for label, records in shown if records)
         seeds = [", ".join(str(r["seed"]) for r in first[1])] if table.seeds_column else []
         lines.append("| " + " | ".join([names[first[0]], *seeds, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def outcomes_of(
+    table: Table, grid: Grid, records: dict[tuple[str, int], dict[str, Any]], failures: dict[tuple[str, int], str]
+) -> dict[str, dict[str, Any]]:
+    """How each run of an outcome table's rows ended, by row label.
+
+    ``completed``: seeds with a recorded run; ``diverged``: seed -> the round a non-finite training loss or
+    upload stopped it in (``None`` when its error names none); ``failed``: seed -> its one-line error;
+    ``not_run``: seeds with neither a record nor an error.
+    """
+    result: dict[str, dict[str, Any]] = {}
+    for label in table.rows:
+        ended: dict[str, Any] = {"completed": [], "diverged": {}, "failed": {}, "not_run": []}
+        for cell in grid.cells():
+            if cell.label != label or (table.seeds is not None and cell.seed not in table.seeds):
+                continue
+            line = failures.get((cell.label, cell.seed))
+            if (cell.label, cell.seed) in records:
+                ended["completed"].append(cell.seed)
+            elif line and "non-finite" in line:
+                stopped = STOPPED_ROUND.search(line)
+                ended["diverged"][cell.seed] = int(stopped.group(1)) if stopped else None
+            elif line:
+                ended["failed"][cell.seed] = line
+            else:
+                ended["not_run"].append(cell.seed)
+        result[label] = ended
+    return result
+
+
+def outcome_table(table: Table, grid: Grid, ended: dict[str, dict[str, Any]]) -> str:
+    """An outcome table: per row the seeds run, how many completed, which diverged (and when) or failed.
+
+    Then one line counting the rows that completed every seed (a divergence at any seed is a finding, not noise).
+    """
+    names = {r.label: r.name for r in grid.rows}
+    lines = [f"| {table.label} | seeds run | completed | diverged (seed: round) | failed (seed) |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    complete, broken, unfinished = [], [], []
+    for label, runs in ended.items():
+        run = sorted([*runs["completed"], *runs["diverged"], *runs["failed"]])
+        planned = len(run) + len(runs["not_run"])
+        diverged = ", ".join(f"{seed}: {'?' if r is None else r}" for seed, r in sorted(runs["diverged"].items()))
+        failed = ", ".join(str(seed) for seed in sorted(runs["failed"]))
+        shown = ", ".join(map(str, run)) if run else "not run"
+        lines.append(f"| {names[label]} | {shown} | {len(runs['completed'])} of {planned} | {diverged or '-'} | "
+                     f"{failed or '-'} |")  # fmt: skip
+        if runs["diverged"] or runs["failed"]:
+            broken.append(names[label])
+        elif runs["not_run"]:
+            unfinished.append(names[label])
+        else:
+            complete.append(names[label])
+    lines += ["", f"Completed at every seed: **{len(complete)} of {len(ended)}** rows; diverged or failed at some "
+                  f"seed: {', '.join(broken) or 'none'}; not yet run at every seed: {', '.join(unfinished) or 'none'}."]
     return "\n".join(lines)
 
 
@@ -807,7 +936,9 @@ def render_page(
     failures = failures or {}
     missing = [f"{c.label} seed {c.seed}" + (f" (failed: {failures[c.label, c.seed]})" if (c.label, c.seed) in failures
                else "") for c in grid.cells() if (c.label, c.seed) not in records]  # fmt: skip
-    tables = {t.name: markdown_table(t, grid, by_row) for t in grid.tables}
+    ended = {t.name: outcomes_of(t, grid, records, failures) for t in grid.tables if t.outcomes}
+    tables = {t.name: outcome_table(t, grid, ended[t.name]) if t.outcomes else markdown_table(t, grid, by_row)
+              for t in grid.tables}  # fmt: skip
     figures = {f.name: draw_figure(grid, f, by_row) for f in grid.figures}
     claims = claim_results(grid, by_row)
     names = {r.label: r.name for r in grid.rows}
@@ -842,12 +973,16 @@ def render_page(
         "seeds": list(grid.seeds),
         "missing": missing,
         "tables": {
-            t.name: {label: {c.header: stats(column_values(c, of_seeds(t, by_row[label]), by_row, label, prefix))
+            t.name: ended[t.name] if t.outcomes else
+                    {label: {c.header: stats(column_values(c, of_seeds(t, by_row[label]), by_row, label, prefix))
                              for c in t.columns}
                      for row in t.rows
                      for (prefix, _), label in zip(t.groups(), t.labels(row), strict=True) if by_row.get(label)}
             for t in grid.tables
         },
+        "failed": [{"label": c.label, "seed": c.seed, "config": c.config, "config_sha256": config_digest(c.config),
+                    "flags": list(c.flags), "message": failures[c.label, c.seed]} for c in grid.cells()
+                   if (c.label, c.seed) in failures and (c.label, c.seed) not in records],
         "environments": environments(ordered),
         "runs": ordered,
     }  # fmt: skip
@@ -922,9 +1057,12 @@ def grid_command(
         return found
 
     def write(found: dict[tuple[str, int], dict[str, Any]]) -> str:
-        failed = {(c.label, c.seed): failure_line(c.log_path(root)) for c in grid.cells()
-                  if (c.label, c.seed) not in found}  # fmt: skip
-        return write_page(grid, found, studies, recorded_threads, {cell: line for cell, line in failed.items() if line})
+        cells = grid.cells()
+        failed = failures_from_json(from_json, cells) if from_json is not None else {}
+        logged = {(c.label, c.seed): failure_line(c.log_path(root)) for c in cells}
+        failed.update({cell: line for cell, line in logged.items() if line})  # a log here replaces the json's line
+        failed = {cell: line for cell, line in failed.items() if cell not in found}
+        return write_page(grid, found, studies, recorded_threads, failed)
 
     def save_progress(result: StudyResult | CellOutcome) -> None:
         if isinstance(result, StudyResult):

@@ -139,38 +139,6 @@ def test_a_page_rewrite_keeps_archived_records_only_where_no_run_was_made_anew(m
     assert fresh == {"t10e5/fedvtc": [{"seed": 1, "final": 40.0}]}  # the caller's records are not modified
 
 
-def test_stability_verdict_counts_current_configs_that_complete_every_seed(monkeypatch):
-    """The stability page's verdict: stale rows and extra-flag variants do not count, any failure is named."""
-    monkeypatch.syspath_prepend(str(ROOT / "reproductions"))
-    import stability
-
-    budget = stability.budget_name(None, None, eval_every=20)
-    assert budget == "rounds=config, max_epochs=config, eval_every=20"
-    assert stability.budget_flags(None, 1, eval_every=10) == ("--trainer.max_epochs=1", "--federation.eval_every=10")
-
-    def rows(config, statuses, sha=None, budget=budget):
-        sha = sha or stability.config_sha(config)
-        return {
-            f"{config}|{budget}|{seed}": dict(config=config, seed=seed, budget=budget, status=status, config_sha=sha)
-            for seed, status in enumerate(statuses)
-        }
-
-    runs = {
-        **rows("digits_dir/fd", ["ok"] * 5),
-        **rows("digits_dir/fedavg", ["ok"] * 5, sha="0000000000"),  # recorded before the config changed
-        **rows("digits_path/fd", ["ok", "ok", "diverged", "ok", "ok"]),
-        **rows("digits/fd", ["diverged"] * 5, budget=f"{budget}, `--method.init_args.distillation=mse`"),
-        **rows("digits/fedavg", ["ok"] * 4),  # seed 4 missing
-    }
-    lines = "\n".join(stability.verdict(runs))
-    total = len(stability.shipped_configs())
-    assert f"**1 of {total}**" in lines
-    assert f"digits_path/fd (seed 2 at {budget}: diverged)" in lines
-    incomplete = lines.split("not yet run at every seed: ")[1]
-    assert "digits_dir/fedavg" in incomplete and "digits/fedavg" in incomplete and "digits/fd," in incomplete
-    assert "digits_dir/fd," not in incomplete
-
-
 def test_an_interrupted_bench_starts_no_queued_cell(tmp_path, monkeypatch):
     """Ctrl-C while cells wait in the pool stops the bench: the queued cells are cancelled, not all started."""
     import sys

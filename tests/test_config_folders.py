@@ -31,13 +31,14 @@ FEDVTC_CLIP = (
 FEDGEN_CLIP = (
     "FedGen's generated-feature cross-entropy has a gradient proportional to the generator's unbounded output "
     "(client losses of 80-3,700 right after its first fit); at the folder's SGD 0.05 / momentum 0.9 it diverged "
-    "(digits_dir, seed 2, round 15: docs/results/stability.md; mnist_mdcg, seed 0, round 11), so it clips at norm 5 "
-    "as every mnist_vtc method does"
+    "(digits_dir, seed 2, round 15: docs/results/archive/stability_2026-11-26.md; mnist_mdcg, seed 0, round 11), "
+    "so it clips at norm 5 as every mnist_vtc method does"
 )
 FEDTGP_CLIP = (
     "FedTGP's clients pull their features (lambda 10 x MSE) onto server prototypes that its margin loss pushes "
     "apart up to tau = 100, so the loss grows every round; at the folder's SGD 0.05 / momentum 0.9 it diverged "
-    "(digits_dir, seeds 2, 3 and 4: docs/results/stability.md), so it clips at norm 5 as FedGen does"
+    "(digits_dir, seeds 2, 3 and 4: docs/results/archive/stability_2026-11-26.md), so it clips at norm 5 as "
+    "FedGen does"
 )
 FEDPROX_PAPER = (
     "FedProx's Synthetic(1,1) reproduction (30 devices, 200 rounds, 20 epochs); the other config is a "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fedhet.bench import Cell, validate_cells
 from fedhet.cli import main
@@ -124,6 +126,8 @@ def test_page_from_run_directories_then_from_its_json(tmp_path, capsys, monkeypa
     record = payload["runs"][0]
     assert record["label"] == "skew/fedavg" and record["seed"] == 0 and record["flags"] == ["--rounds=2"]
     assert record["values"] == {"last3/acc_local": 30.0, "final/acc_server": 41.0, "mb_per_round": 2.0, "wall_s": 3.0}
+    values = yaml.safe_load((ROOT / record["config"]).read_text())  # the config's values, not its comments
+    assert record["config_sha256"] == hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
     assert record["curves"] == {"acc_local": [10, 20, 30, 40]}
     assert "final/acc_server" not in payload["runs"][2]["values"]  # Local reports no server model
 
@@ -360,3 +364,67 @@ def test_a_cell_that_failed_says_why_on_the_page(tmp_path, capsys, monkeypatch):
     payload = json.loads((tmp_path / "docs" / "page.json").read_text())
     assert payload["missing"] == ["skew/local seed 1 (failed: client 3 got a non-finite training loss in round 4 "
                                   "(stage 'local'))"]  # fmt: skip
+
+
+def test_outcome_table_over_a_folder_of_configs_and_its_json(tmp_path, capsys, monkeypatch):
+    """A wildcard row is one row per config; the outcome table says how each run ended.
+
+    First from the run directories and logs, then from the page's json alone.
+    """
+    monkeypatch.chdir(ROOT)
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name in ("alpha", "beta", "gamma"):
+        (folder / f"{name}.yaml").write_text((ROOT / "configs/experiments/digits_dir/fedavg.yaml").read_text())
+    grid = tmp_path / "stability.yaml"
+    grid.write_text(
+        f"title: Stability\npage: {tmp_path / 'docs' / 'stability.md'}\nout: {tmp_path / 'runs'}\nseeds: [0, 1, 2]\n"
+        f"flags: [--trainer.max_epochs=1]\nrows:\n  - {{label: shipped, config: '{folder}/*.yaml'}}\n"
+        "tables:\n  - {name: ended, outcomes: true, label: config}\n  - {name: acc, metrics: [acc_local]}\n"
+        "template: |\n  `{command}`\n\n  {table:ended}\n\n  {table:acc}\n"
+    )
+    from fedhet.pages import parse_grid
+
+    parsed = parse_grid(grid)
+    assert [r.label for r in parsed.rows] == ["shipped/alpha", "shipped/beta", "shipped/gamma"]
+    assert parsed.rows[1].config == str(folder / "beta.yaml") and parsed.rows[1].flags == ("--trainer.max_epochs=1",)
+    runs = tmp_path / "runs"
+    for seed in (0, 1, 2):
+        _fake_run(runs / "shipped/alpha" / f"seed{seed}", "FedAvg", [50, 60 + seed], None, 1)
+    _fake_run(runs / "shipped/beta/seed0", "FedAvg", [40, 45], None, 1)
+    (runs / "shipped/beta/seed1.log").write_text(
+        "$ fedhet fit\nfedhet: error: client 2 got a non-finite training loss in round 7; lower the lr\n")
+    (runs / "shipped/beta/seed2.log").write_text("$ fedhet fit\nfedhet: error: out of memory\n")
+    assert main(["bench", "--grid", str(grid), "--report_only"]) == 0
+    page = (tmp_path / "docs" / "stability.md").read_text()
+    assert "| config | seeds run | completed | diverged (seed: round) | failed (seed) |" in page
+    assert "| shipped/alpha | 0, 1, 2 | 3 of 3 | - | - |" in page
+    assert "| shipped/beta | 0, 1, 2 | 1 of 3 | 1: 7 | 2 |" in page
+    assert "| shipped/gamma | not run | 0 of 3 | - | - |" in page
+    assert ("Completed at every seed: **1 of 3** rows; diverged or failed at some seed: shipped/beta; "
+            "not yet run at every seed: shipped/gamma.") in page  # fmt: skip
+    assert "| shipped/alpha | 61.00 ± 1.00 |" in page  # the other tables read the completed runs as usual
+    payload = json.loads((tmp_path / "docs" / "stability.json").read_text())
+    assert payload["tables"]["ended"]["shipped/beta"] == {
+        "completed": [0], "diverged": {"1": 7}, "failed": {"2": "out of memory"}, "not_run": []}  # fmt: skip
+    assert [(f["label"], f["seed"]) for f in payload["failed"]] == [("shipped/beta", 1), ("shipped/beta", 2)]
+
+    # the run directories and logs gone, the json alone gives the same page (failures included)
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(payload))
+    (runs / "shipped").rename(tmp_path / "elsewhere")
+    assert main(["bench", "--grid", str(grid), "--from_json", str(saved), "--report_only"]) == 0
+    assert (tmp_path / "docs" / "stability.md").read_text() == page
+
+    # a comment added to a config changes no run; a changed value leaves its records and failures out (rerun)
+    (folder / "beta.yaml").write_text((folder / "beta.yaml").read_text() + "\n# a comment\n")
+    assert main(["bench", "--grid", str(grid), "--from_json", str(saved), "--report_only"]) == 0
+    assert (tmp_path / "docs" / "stability.md").read_text() == page
+    (folder / "beta.yaml").write_text((folder / "beta.yaml").read_text() + "rounds: 3\n")
+    assert main(["bench", "--grid", str(grid), "--from_json", str(saved), "--report_only"]) == 0
+    page = (tmp_path / "docs" / "stability.md").read_text()
+    assert "| shipped/beta | not run | 0 of 3 | - | - |" in page and "| shipped/alpha | 0, 1, 2 | 3 of 3 |" in page
+
+    grid.write_text(grid.read_text().replace("*.yaml", "*.yml"))
+    assert main(["bench", "--grid", str(grid), "--report_only"]) == 2
+    assert "no file matches" in _error_line(capsys.readouterr().err)

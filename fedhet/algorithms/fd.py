@@ -23,7 +23,7 @@ latter stop in round 19 of its 20 at the default thread count, where the one-thr
 through with its loss rising from 1.03 to 1.71 over the last five rounds), and HtFLlib's own FD
 crashes the same way. The paper's
 cross-entropy has a bounded gradient (``softmax(z) - softmax(g)``), so the shipped Digits
-configs use ``distillation: ce``; with it those runs complete (docs/results/stability.md).
+configs use ``distillation: ce``; with it those runs complete (docs/results/archive/stability_2026-11-26.md).
 
 Deviations from paper/official code: ``distillation: mse`` (the default) is HtFLlib's, not the
 paper's. Logits are averaged after local training in eval mode (HtFLlib averages them during

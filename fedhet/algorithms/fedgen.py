@@ -49,7 +49,7 @@ head are too (client losses of 80-3,700 in the round after). At SGD 0.05 with mo
 other seeds, and the ``mnist_mdcg`` config (plain SGD 0.05) diverged at seed 0, round 11; the
 Digits and ``mnist_mdcg`` configs therefore clip client gradients at norm 5
 (``trainer.gradient_clip_val``, as every ``mnist_vtc`` method), which neither paper nor HtFLlib
-does (``docs/results/stability.md``, ``docs/results/fedmdcg_mnist.md``).
+does (``docs/results/archive/stability_2026-11-26.md``, ``docs/results/fedmdcg_mnist.md``).
 """
 
 from __future__ import annotations

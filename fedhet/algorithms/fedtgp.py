@@ -37,7 +37,7 @@ onto them (``lam`` 10 x MSE), so the client loss grows every round (2 -> 100-600
 of ``digits_dir``). At SGD 0.05 with momentum 0.9 (HtFLlib: SGD 0.01) that diverged at 3 of 5
 seeds and ended at 53-59 % local accuracy at the other two (clipped: 77-86 % at all five); the
 Digits configs clip client gradients at norm 5 (``trainer.gradient_clip_val``), which neither the
-paper nor HtFLlib does (``docs/results/stability.md``).
+paper nor HtFLlib does (``docs/results/archive/stability_2026-11-26.md``).
 """
 
 from __future__ import annotations
