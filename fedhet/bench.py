@@ -444,6 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="grid directory: run directories, logs, tables, plots (--grid: its out)"
     )
     parser.add_argument("--report_only", action="store_true", help="tabulate the complete cells; run nothing")
+    parser.add_argument(
+        "--ray_address", default=None, metavar="ADDRESS",
+        help="with --grid: run the tuning trials through Ray Tune on this cluster ('auto', 'ray://host:10001', or "
+             "'local' for Ray on this machine); the run directories need a filesystem the nodes share",
+    )  # fmt: skip
     return parser
 
 
@@ -512,6 +517,7 @@ class PageRequest:
     threads: int | None
     report_only: bool
     from_json: Path | None
+    ray_address: str | None = None
 
 
 GridRunner = Callable[[PageRequest, Callable[[str], None]], int]
@@ -543,10 +549,12 @@ def bench_command(argv: Sequence[str], echo: Callable[[str], None] = print, grid
                 "--grid: the grid file holds the configs, settings and flags; drop --configs, --set and '--'"
             )
         claims = None if args.claims is None else tuple(args.claims)
-        request = PageRequest(args.grid, claims, args.out, args.jobs, args.threads, args.report_only, args.from_json)
+        request = PageRequest(args.grid, claims, args.out, args.jobs, args.threads, args.report_only, args.from_json,
+                              args.ray_address)  # fmt: skip
         return grid(request, echo)
-    if args.from_json is not None:
-        raise ConfigError("--from_json: give it with --grid FILE (the page's grid)")
+    for given, flag in ((args.from_json, "--from_json"), (args.ray_address, "--ray_address")):
+        if given is not None:
+            raise ConfigError(f"{flag}: give it with --grid FILE (the page's grid)")
     if not args.configs:
         raise ConfigError("the following arguments are required: --configs (or --grid FILE); see 'fedhet bench --help'")
     if args.out is None:

@@ -52,7 +52,7 @@ from fedhet.bench import (
 from fedhet.errors import ConfigError
 from fedhet.files import atomic_write_text
 from fedhet.statistics import paired_difference
-from fedhet.tuning import StudyResult, TuningPlan, parse_tuning, tune_rows
+from fedhet.tuning import LOCAL_RUNNER, StudyResult, TuningPlan, parse_tuning, tune_rows
 
 GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template", "tuning", "claims",
              "selected", "extends", "only"}
@@ -892,6 +892,7 @@ def budget_markdown(grid: Grid, studies: dict[str, dict[str, Any]], records: Seq
     assert grid.tuning is not None
     plan = grid.tuning.describe()
     tuning_s = sum(t["wall_s"] for study in studies.values() for t in study["trials"])
+    runners = sorted({study.get("runner", LOCAL_RUNNER) for study in studies.values()})
     test_s = sum(r["values"].get("wall_s", 0.0) for r in records)
     per = f"{threads} thread(s) per run" if threads else "threads per run as recorded"
     core = (f"{(tuning_s + test_s) * threads / 3600:.2f} core-hours" if threads
@@ -901,6 +902,7 @@ def budget_markdown(grid: Grid, studies: dict[str, dict[str, Any]], records: Seq
         f"* **Tuning**: {plan['trials']} trials per tuned row, {plan['sampler']}, pruner {plan['pruner']}; each "
         f"trial is `fedhet fit` with the row's flags, then `{flags}`, at seed {plan['seed']} with the test splits "
         f"sealed (`federation.seal_test`: a read of any test set fails the trial).",
+        f"* **Trials ran on**: {'; '.join(runners) or 'nothing yet'}.",
         f"* **Selection**: `{plan['metric']}` at the last evaluated round of a trial; the best trial's values are "
         f"written to `{grid.selected}/<row>.yaml`, the config each row's seeds run.",
         f"* **Test**: seeds {', '.join(map(str, grid.seeds))} of every row; the tables and claims read test "
@@ -1023,6 +1025,7 @@ def grid_command(
     report_only: bool = False,
     from_json: Path | None = None,
     echo: Callable[[str], None] = print,
+    ray_address: str | None = None,
 ) -> int:
     """``fedhet bench --grid FILE``: run the cells that have neither a run nor a record, then write the page.
 
@@ -1076,8 +1079,13 @@ def grid_command(
             assert plan is not None
             validate_cells([Cell(r.label, r.config, plan.seed, (*r.flags, *plan.flags)) for r in tuned], root)
             echo(f"{grid.path}: tuning {len(tuned)} rows, {plan.trials} trials each, on val/{plan.metric}")
+            on_ray = {}
+            if ray_address is not None:  # the same search, its trials placed by Ray Tune (fedhet.tuning_ray)
+                from fedhet.tuning_ray import RUNNER, ray_trials
+
+                on_ray = {"trials": ray_trials(ray_address, threads), "runner": RUNNER}
             tune_rows([(r.label, r.config, r.flags) for r in tuned], plan, root, grid.selected, grid.page.stem,
-                      child_environment(threads), jobs, echo, on_selected=save_progress)  # fmt: skip
+                      child_environment(threads), jobs, echo, on_selected=save_progress, **on_ray)  # fmt: skip
         to_run = pending() if not report_only else []
         if to_run:
             for cell in to_run:
@@ -1164,7 +1172,7 @@ def grid_bench(request: PageRequest, echo: Callable[[str], None] = print) -> int
         return 0
     assert request.grid is not None
     return grid_command(request.grid, request.out, request.jobs, request.threads, request.report_only,
-                        request.from_json, echo)  # fmt: skip
+                        request.from_json, echo, request.ray_address)  # fmt: skip
 
 
 def bench_main(argv: Sequence[str], echo: Callable[[str], None] = print) -> int:

@@ -57,6 +57,8 @@ from fedhet.sweep_engine import (
     parse_parameters,
 )
 
+#: how the page names the trials run here, one ``fedhet fit`` process each (:meth:`RowStudy.run`)
+LOCAL_RUNNER = "local processes (Optuna, one sampler seeded per trial)"
 TUNING_KEYS = {"trials", "metric", "seed", "flags", "shared", "exclude", "pruner", "sampler_seed"}
 PRUNERS = ("none", "median")
 #: Trials proposed at random before TPE models the history (TPE needs a few to start from).
@@ -269,10 +271,11 @@ class StudyResult:
     trials: list[TrialRecord]
     selected: TrialRecord
     config: str  # the selected config (``fedhet fit --config`` reproduces the row)
+    runner: str = LOCAL_RUNNER  # where the trials ran (or fedhet.tuning_ray.RUNNER)
 
     def as_dict(self) -> dict[str, Any]:
         return {"space": self.space, "trials": [t.as_dict() for t in self.trials],
-                "selected": self.selected.as_dict(), "config": self.config}  # fmt: skip
+                "selected": self.selected.as_dict(), "config": self.config, "runner": self.runner}  # fmt: skip
 
 
 def validation_values(history: Sequence[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
@@ -497,6 +500,10 @@ def write_selected_config(config: str, row_flags: Sequence[str], params: Mapping
     atomic_write_text(path, comment + text)
 
 
+#: runs one row's trials and returns them finished: (study, environment, echo) -> trials
+TrialRunner = Callable[["RowStudy", dict[str, str], Callable[[str], None]], list["TrialRecord"]]
+
+
 def tune_rows(
     rows: Sequence[tuple[str, str, tuple[str, ...]]],
     plan: TuningPlan,
@@ -507,11 +514,15 @@ def tune_rows(
     jobs: int = 1,
     echo: Callable[[str], None] = print,
     on_selected: Callable[[StudyResult], None] | None = None,
+    trials: TrialRunner | None = None,
+    runner: str = LOCAL_RUNNER,
 ) -> dict[str, StudyResult]:
     """Tune every ``(label, config, flags)`` row (``jobs`` rows at a time) and write each selected config.
 
     ``on_selected`` is called with each row's result as soon as its selection is written, one
     call at a time (so that a caller can save the study before the other rows finish).
+    ``trials`` runs a row's trials elsewhere (:func:`fedhet.tuning_ray.ray_trials`: on a Ray
+    cluster, one row at a time); ``runner`` names it on the page.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -524,21 +535,21 @@ def tune_rows(
         echo(f"{study.label}: searching {', '.join(study.space_spec) or 'nothing (no declared search space)'}")
 
     def one(study: RowStudy) -> StudyResult:
-        trials = study.run(env, echo)
-        best = select(trials, study.label)
+        finished = study.run(env, echo) if trials is None else trials(study, env, echo)
+        best = select(finished, study.label)
         path = selected_dir / f"{study.label}.yaml"
         shown = path.relative_to(study.cwd) if path.is_relative_to(study.cwd) else path
         header = (f"{study.label}: selected by the tuning stage of 'fedhet bench --grid' for {page}: trial "
                   f"{best.number} of {plan.trials}, val/{plan.metric} = {best.value:.2f} at seed {plan.seed}.\n"
                   f"Selected: {json.dumps(best.params)}\nRun: fedhet fit --config {shown}")  # fmt: skip
         write_selected_config(study.config, study.row_flags, best.params, path, header)
-        result = StudyResult(study.label, study.space_spec, list(trials), best, str(shown))
+        result = StudyResult(study.label, study.space_spec, list(finished), best, str(shown), runner)
         if on_selected is not None:
             with selected_lock:
                 on_selected(result)
         return result
 
-    if jobs <= 1:
+    if jobs <= 1 or trials is not None:
         results = [one(s) for s in studies]
     else:
         with ThreadPoolExecutor(max_workers=jobs) as pool, cancel_queued_on_exit(pool):

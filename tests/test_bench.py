@@ -57,6 +57,7 @@ def test_bad_bench_input_is_one_clear_line(tmp_path, capsys, monkeypatch):
         (["--configs", CONFIGS[0], "--set", "oops"], "NAME=FLAGS"),
         (["--configs", CONFIGS[0], "--", "--method.init_args.lamda=1"], "lamda"),
         (["--seeds", "0"], "--configs"),
+        (["--configs", CONFIGS[0], "--ray_address", "auto"], "--ray_address: give it with --grid FILE"),
     ):
         code = main(["bench", "--out", str(tmp_path / "grid"), *args])
         line = _error_line(capsys.readouterr().err)

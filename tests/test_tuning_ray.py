@@ -1,0 +1,64 @@
+"""The tuning stage on Ray Tune (``fedhet bench --grid FILE --ray_address local``): the same search and selection.
+
+Skipped where Ray Tune is not installed (CI installs neither Ray nor its Tune extra: ``pip install "ray[tune]"``).
+The trials run the stand-in for ``fedhet fit`` of ``test_tuning.py`` in Ray workers on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_tuning import FAKE_FIT, FEDAVG, _plan
+
+pytest.importorskip("ray.tune")
+
+from fedhet.tuning import RowStudy, tune_rows  # noqa: E402
+from fedhet.tuning_ray import RUNNER, ray_trials  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """Ray on this machine, two CPUs, for the module's tests."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_tune_runs_the_rows_trials_and_selects_as_the_local_stage(tmp_path, monkeypatch, local_ray):
+    """Ray Tune runs a row's trials as the local stage does, and a rerun restores the finished experiment.
+
+    Trial 0 is the row as configured, every trial a sealed fedhet fit at the tuning seed, the best on validation is
+    selected and written; rerun, no trial runs again.
+    """
+    script = tmp_path / "fake_fit.py"
+    script.write_text(FAKE_FIT)
+    original = RowStudy.command
+    monkeypatch.setattr(RowStudy, "command", lambda self, number, params: [sys.executable, str(script),
+                                                                          *original(self, number, params)[4:]])
+    plan = _plan(trials=4)
+
+    def tune():
+        return tune_rows([("a", FEDAVG, ())], plan, tmp_path / "runs", tmp_path / "selected", "page",
+                         env=dict(os.environ), echo=lambda _: None, trials=ray_trials("local", 1), runner=RUNNER)
+
+    result = tune()["a"]
+    assert [t.number for t in result.trials] == [0, 1, 2, 3] and all(t.state == "complete" for t in result.trials)
+    assert result.trials[0].params == {"method.init_args.lr": 0.05}  # the row as configured
+    assert len({t.params["method.init_args.lr"] for t in result.trials}) == 4
+    for trial in result.trials:  # the fake's validation value of its lr, at its last round (2)
+        assert trial.value == pytest.approx(100 - 1e4 * (trial.params["method.init_args.lr"] - 0.05) ** 2 + 2)
+    assert result.selected == max(result.trials, key=lambda t: (t.value, -t.number)) and result.runner == RUNNER
+    assert f"lr: {result.selected.params['method.init_args.lr']}" in (tmp_path / "selected" / "a.yaml").read_text()
+    calls = sorted(Path(tmp_path / "runs" / "tuning" / "a").glob("trial*.calls"))
+    assert [c.read_text() for c in calls] == ["x"] * 4
+
+    again = tune()["a"]
+    assert [(t.number, t.params, t.value) for t in again.trials] == [(t.number, t.params, t.value)
+                                                                      for t in result.trials]
+    assert [c.read_text() for c in calls] == ["x"] * 4  # restored, not rerun
