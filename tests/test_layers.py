@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metrics", "tracking", "privacy"),
     ("federation",),
     ("config", "catalog"),
-    ("bench", "sweep", "sweep_engine", "tuning", "compare_configs", "examples"),
+    ("bench", "sweep", "sweep_engine", "tuning", "tuning_ray", "compare_configs", "examples"),
     ("pages",),
     ("cli", "__main__"),
 )
