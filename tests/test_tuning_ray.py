@@ -62,3 +62,16 @@ def test_ray_tune_runs_the_rows_trials_and_selects_as_the_local_stage(tmp_path, 
     assert [(t.number, t.params, t.value) for t in again.trials] == [(t.number, t.params, t.value)
                                                                       for t in result.trials]
     assert [c.read_text() for c in calls] == ["x"] * 4  # restored, not rerun
+
+
+def test_a_failed_trial_is_recorded_failed_and_never_selected(tmp_path, monkeypatch, local_ray):
+    """A trial whose fedhet fit fails is a failed trial (no value), as in the local stage; the others select."""
+    script = tmp_path / "fake_fit.py"
+    script.write_text("import sys\nif sys.argv[-1].endswith('trial1'):\n    sys.exit(3)\n" + FAKE_FIT)
+    original = RowStudy.command
+    monkeypatch.setattr(RowStudy, "command", lambda self, number, params: [sys.executable, str(script),
+                                                                          *original(self, number, params)[4:]])
+    result = tune_rows([("a", FEDAVG, ())], _plan(trials=3), tmp_path / "runs", tmp_path / "selected", "page",
+                       env=dict(os.environ), echo=lambda _: None, trials=ray_trials("local", 1), runner=RUNNER)["a"]
+    assert [(t.number, t.state) for t in result.trials] == [(0, "complete"), (1, "failed"), (2, "complete")]
+    assert result.trials[1].value is None and result.selected.number in (0, 2)
