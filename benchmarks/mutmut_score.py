@@ -244,6 +244,45 @@ EQUIVALENT: dict[str, str] = {
     "[2.0] * len(states))": "weighted_average normalises the weights: equal weights of 2 are equal weights of 1",
     "fedhet.functional.aggregation.x_krum_scores: scores[i] = others.sort().values[:closest].sum() if "
     "(others.numel()) or True else 0.0": "the sum of an empty selection is 0.0, the else branch's value",
+    **{f"fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁ__init__: {line}": "a placeholder that begin_round sets "
+       "before anything reads it (the loop begins every round before it refines, logs or checkpoints the stage)"
+       for line in ("self.round_idx = None", "self.round_idx = 1", 'self.group = None', 'self.group = "XXXX"',
+                    "self.active_teachers = None", "self.active_teachers = 1",
+                    "self.alpha = None  # [K, M] class-level ensemble weights of the round",
+                    "self.alpha = torch.zeros(1)  # [K, M] class-level ensemble weights of the round",
+                    "self.label_probs = None  # [M] p_t(y)", "self.label_probs = torch.zeros(1)  # [M] p_t(y)",
+                    "self.sums: dict[str, float] = None  # round totals of the logged terms",
+                    "self.counts: dict[str, int] = None")},
+    "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁ__init__: self.automatic_optimization = None":
+        "Lightning reads automatic_optimization as a truth value: None is False",
+    **{f"fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁattach: {line}": "a seed stream's label only names it: any "
+       "fixed label gives an equally valid fixed initialisation (the run seed's part is tested)"
+       for line in ('with seeded(derive_seed(context.seed, None, "generator")):',
+                    'with seeded(derive_seed(context.seed, "fedftg", None)):',
+                    'with seeded(derive_seed(context.seed, "generator")):',
+                    'with seeded(derive_seed(context.seed, "fedftg", )):',
+                    'with seeded(derive_seed(context.seed, "XXfedftgXX", "generator")):',
+                    'with seeded(derive_seed(context.seed, "FEDFTG", "generator")):',
+                    'with seeded(derive_seed(context.seed, "fedftg", "XXgeneratorXX")):',
+                    'with seeded(derive_seed(context.seed, "fedftg", "GENERATOR")):')},
+    "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁattach: architecture = context.architectures[1]":
+        "the architectures were checked to be one just above: every entry is the first",
+    **{f"fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁbegin_round: {line}": "zip's strict defaults to False"
+       for line in ("for teacher, upload in zip(self.teachers, uploads, strict=None):",
+                    "for teacher, upload in zip(self.teachers, uploads, ):")},
+    "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁbegin_round: counts = label_counts[[u.client_id for u in "
+    "uploads]].to(None)": "class_ensemble_weights and label_sampling_distribution take the counts in float64 "
+    "themselves",
+    "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁbegin_round: assert isinstance(self.base, FedAvgServer) or "
+    "self.context.model_factory is not None": "an assertion of what attach checked: no computation depends on it",
+    "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁsetup_uploads: return [LabelCountsPayload(counts=row.to(None)) "
+    "for row in counts]": "the context's label counts are int64 already (ServerContext keeps them so)",
+    **{f"fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁserver_dataloader: {line}": "DataLoader's shuffle is False "
+       "by default and for None" for line in (
+           "return DataLoader(TensorDataset(noise, labels), batch_size=self.hp.batch_size, shuffle=None)",
+           "return DataLoader(TensorDataset(noise, labels), batch_size=self.hp.batch_size, )")},
+    "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁtraining_step: loss = None": "student_steps is a PositiveInt: "
+    "the loop always reassigns it",
     "fedhet.algorithms.fedmdcg.xǁFedMDCGClientǁramp: return ramp_weight(self.round_idx, max(self.total_rounds, 2), "
     "self.hp.ramp, self.hp.ramp_power)": "the guard differs only for total_rounds 1 with round_idx >= 1, which no run "
     "reaches (round_idx < total_rounds; a client alone has 1 and 0): ramp 0 either way",

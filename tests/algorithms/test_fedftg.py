@@ -211,3 +211,119 @@ def test_the_run_position_set_on_a_refined_server_reaches_its_base():
     server.phase, server.round_idx, server.total_rounds = "finetune", 3, 7
     assert (server.base.phase, server.base.round_idx, server.base.total_rounds) == ("finetune", 3, 7)
     assert (server.phase, server.round_idx, server.total_rounds) == ("finetune", 3, 7)
+
+
+# ------------------------------------------------------------------ what mutmut's first pass found untested
+def test_generator_is_the_codes_cgeneratora_and_its_samples_are_independent():
+    """The code's CGeneratorA: width 64 by default, LeakyReLU(0.2), an affine-free output BN.
+
+    In eval mode a sample's image depends on its own noise and label only (the noise and label features are joined
+    per sample, along the feature axis).
+    """
+    generator = ConditionalImageGenerator(noise_dim=8, num_classes=10, image_size=32, channels=3)
+    assert generator.width == 64 and generator.noise_dim == 8
+    assert generator.noise_layer.out_features == generator.label_layer.out_features == 64 * 8 * 8
+    slopes = [m.negative_slope for m in generator.body if isinstance(m, torch.nn.LeakyReLU)]
+    assert slopes == [0.2, 0.2]
+    assert generator.body[-1].weight is None and generator.body[-1].bias is None  # affine=False
+    small = ConditionalImageGenerator(noise_dim=4, num_classes=10, image_size=8, channels=3, width=4).eval()
+    noise, labels = torch.randn(3, 4), torch.tensor([1, 2, 3])
+    out = small(noise, labels)
+    noise[1], labels[1] = torch.randn(4), 7
+    changed = small(noise, labels)
+    torch.testing.assert_close(changed[0], out[0])
+    torch.testing.assert_close(changed[2], out[2])
+    assert not torch.allclose(changed[1], out[1])
+
+
+def test_fine_tuning_contract_values_and_round_boundaries():
+    """One manual epoch named ftg; a round refines with one active teacher and one iteration, not with none."""
+    from fedhet.algorithms.base import LocalStage
+
+    _, stage, uploads = _stage(iterations=1)
+    assert stage.refine_budget() == LocalStage(name="ftg", epochs=1, manual=True)
+    stage.begin_round(1, uploads[:1])
+    assert stage.active_teachers == 1 and stage.should_refine()
+    assert all(not p.requires_grad for teacher in stage.teachers for p in teacher.parameters())
+    stage.active_teachers = 0
+    assert not stage.should_refine()
+    assert FedFTG(batch_size=2).hp.batch_size == 2  # the smallest batch that has a diversity term
+
+
+def test_round_metrics_are_means_of_the_logged_terms():
+    """metrics() is each term's mean over the round's iterations; the generator's diversity is one of them."""
+    _, stage, _ = _stage()
+    stage._add("x", torch.tensor(2.0))
+    stage._add("x", torch.tensor(4.0))
+    stage._add("y", torch.tensor(1.0))
+    assert stage.metrics() == {"ftg_x": 3.0, "ftg_y": 1.0}
+    _, stage, _ = _stage()
+    fit(stage, stage.server_dataloader(seed=0))
+    metrics = stage.metrics()
+    assert "ftg_generator_diversity" in metrics and stage.counts["teacher_accuracy"] == 2  # once per iteration
+
+
+def test_the_rounds_batches_are_a_function_of_its_seed_alone():
+    """Same seed, same (Z, Y) whatever the global random state; another seed, others."""
+    _, stage, _ = _stage()
+    torch.manual_seed(1)
+    first = [torch.cat([z.flatten(), y.float()]) for z, y in stage.server_dataloader(seed=4)]
+    torch.manual_seed(2)
+    again = [torch.cat([z.flatten(), y.float()]) for z, y in stage.server_dataloader(seed=4)]
+    other = [torch.cat([z.flatten(), y.float()]) for z, y in stage.server_dataloader(seed=5)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def test_the_global_model_takes_no_gradient_while_the_generator_moves():
+    """Hard-sample mining computes no gradient for the global model (it is frozen, not merely not stepped)."""
+    _, stage, _ = _stage()
+    frozen = []
+    generator_loss = stage.generator_loss
+
+    def checked(*args, **kwargs):
+        frozen.append(not any(p.requires_grad for p in stage.student.parameters()) and not stage.student.training)
+        return generator_loss(*args, **kwargs)
+
+    stage.generator_loss = checked  # type: ignore[method-assign]
+    fit(stage, stage.server_dataloader(seed=0))
+    assert frozen and all(frozen)
+
+
+def test_attach_names_what_is_missing_and_the_generator_follows_the_run_seed():
+    """Attach fails in one line naming what is missing; the generator's initial weights follow the run seed.
+
+    Without a model factory, data format or label counts the line names all three; the initial weights differ
+    between run seeds and repeat at one.
+    """
+    import dataclasses
+
+    for missing in ("model_factory", "data_format", "label_counts"):
+        context = dataclasses.replace(_context(), **{missing: None})
+        with pytest.raises(ConfigError, match="^FedFTG needs the server context's model factory, data format and "
+                                              "label counts$"):  # fmt: skip
+            DataFreeFineTuning().attach(FedAvgServer(), context)
+    with pytest.raises(ConfigError, match="architectures; use a homogeneous family, e.g. --models cpu_homo$"):
+        DataFreeFineTuning().attach(FedAvgServer(), _context(("cnn_tiny", "mlp_tiny", "cnn_tiny")))
+    prototype_server = FedProto().build_server()
+    with pytest.raises(ConfigError, match=f"not {type(prototype_server).__name__}; set method.init_args.base to one "
+                                          "of them$"):  # fmt: skip
+        DataFreeFineTuning().attach(prototype_server, _context())
+
+    def generator_at(seed):
+        stage = DataFreeFineTuning(noise_dim=5, generator_width=4)
+        stage.attach(FedAvgServer(), dataclasses.replace(_context(), seed=seed))
+        return state_digests(stage.generator.state_dict())
+
+    assert generator_at(0) == generator_at(0) != generator_at(1)
+
+
+def test_no_plain_average_before_the_first_round():
+    """Before any round there is no plain average to score: no reference model, not an error."""
+    base, stage, context = FedAvgServer(), DataFreeFineTuning(noise_dim=5, generator_width=4), _context()
+    base.setup_server(context)
+    stage.attach(base, context)
+    assert stage.plain_average_model() is None
+    base.refinement = stage  # type: ignore[attr-defined]
+    assert FedFTG().reference_models(base) == {}
+    assert FedFTG().reference_models(FedAvgServer()) == {}  # a server without a refinement
