@@ -214,11 +214,16 @@ def run_cells(
 
 
 @contextlib.contextmanager
-def cancel_queued_on_exit(pool: Executor) -> Iterator[None]:
-    """On an interrupt or error, cancel the queued jobs: leaving the pool's block would otherwise start them all."""
+def cancel_queued_on_exit(pool: Executor, on_exit: Callable[[], None] | None = None) -> Iterator[None]:
+    """On an interrupt or error, cancel the queued jobs: leaving the pool's block would otherwise start them all.
+
+    ``on_exit`` then tells the running jobs to stop (they run in threads, which Ctrl-C does not reach).
+    """
     try:
         yield
     except BaseException:
+        if on_exit is not None:
+            on_exit()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
 

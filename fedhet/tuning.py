@@ -65,6 +65,10 @@ PRUNERS = ("none", "median")
 STARTUP_FRACTION = 3
 #: Seconds between two reads of a running trial's ``metrics.jsonl`` (pruning decisions).
 POLL_S = 0.5
+#: Set when the tuning run is interrupted (Ctrl-C reaches the main thread only): the rows tuned in
+#: other threads stop their trial's run and leave the trial running in the study, to be resumed
+#: from its checkpoint, instead of recording it failed and asking for the next one.
+STOP = threading.Event()
 
 
 @dataclass(frozen=True)
@@ -394,6 +398,10 @@ class RowStudy:
                 log.flush()
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd)
                 while True:
+                    if STOP.is_set():
+                        process.terminate()
+                        process.wait()
+                        raise KeyboardInterrupt  # the trial stays running in the study: resumed next time
                     code = process.poll()
                     records = read_records(run_dir / "metrics.jsonl")
                     for round_idx, value in validation_values(records, self.plan.metric):
@@ -457,7 +465,7 @@ class RowStudy:
             echo(f"{self.label}: trial {record.number} resumed, {record.state}, val/{self.plan.metric} {record.value}")
         while True:
             done = len(self.finished())
-            if done >= self.plan.trials:
+            if done >= self.plan.trials or STOP.is_set():
                 break
             study = self.study(len(study.get_trials(deepcopy=False)))
             trial = study.ask(self.distributions)
@@ -549,11 +557,15 @@ def tune_rows(
                 on_selected(result)
         return result
 
-    if jobs <= 1 or trials is not None:
-        results = [one(s) for s in studies]
-    else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool, cancel_queued_on_exit(pool):
-            results = list(pool.map(one, studies))
+    STOP.clear()
+    try:
+        if jobs <= 1 or trials is not None:
+            results = [one(s) for s in studies]
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool, cancel_queued_on_exit(pool, on_exit=STOP.set):
+                results = list(pool.map(one, studies))
+    finally:
+        STOP.clear()
     return {r.label: r for r in results}
 
 

@@ -263,3 +263,28 @@ def test_an_empty_validation_split_reports_no_value_rather_than_zero():
     assert "val/acc_local" not in metrics and metrics["val/acc_global"] == 50.0
     with_local = round_metrics("label_skew", None, matrices([40.0, 100.0]), torch.zeros(2), ["mnist"])
     assert with_local["val/acc_local"] == 50.0
+
+
+def test_an_interrupt_leaves_the_running_trial_to_resume_not_failed(tmp_path, fake_fit):
+    """A stopped tuning run leaves its running trial to resume, not failed, and asks for no other.
+
+    Ctrl-C reaches the main thread only; rows tuned in other threads see STOP, end their trial's run and leave the
+    trial running in the study (resumed from its checkpoint next time).
+    """
+    import threading
+
+    from optuna.trial import TrialState
+
+    from fedhet.tuning import STOP
+
+    study = RowStudy("a", FEDAVG, (), _plan(trials=3, flags=("--rounds=1", "--pause=0.5")), tmp_path / "runs",
+                     "tune/page/a")  # fmt: skip
+    timer = threading.Timer(0.5, STOP.set)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            study.run(dict(__import__("os").environ), echo=lambda _: None)
+    finally:
+        timer.cancel()
+        STOP.clear()
+    assert [t.state for t in study.study(0).get_trials(deepcopy=False)] == [TrialState.RUNNING]
