@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
+#: no seed has both rows yet (a page still running): not a verdict, and not counted as one
+NOT_RUN = "not run"
 
 
 def t_central_probability(t: float, df: int) -> float:
@@ -106,7 +108,7 @@ def paired_difference(
     differences = tuple(better[s] - than[s] for s in seeds)
     n = len(differences)
     if n == 0:
-        return PairedDifference((), (), math.nan, -math.inf, math.inf, 0, level, INCONCLUSIVE)
+        return PairedDifference((), (), math.nan, -math.inf, math.inf, 0, level, NOT_RUN)
     mean = sum(differences) / n
     wins = sum(d > 0 for d in differences)
     if n < 2:
@@ -119,4 +121,4 @@ def paired_difference(
     return PairedDifference(seeds, differences, round(mean, 4), low, high, wins, level, verdict)
 
 
-__all__ = ["FAILS", "HOLDS", "INCONCLUSIVE", "PairedDifference", "paired_difference", "t_quantile"]
+__all__ = ["FAILS", "HOLDS", "INCONCLUSIVE", "NOT_RUN", "PairedDifference", "paired_difference", "t_quantile"]

@@ -10,7 +10,7 @@ import pytest
 
 from fedhet.errors import ConfigError
 from fedhet.pages import claims_page, parse_grid, render_page
-from fedhet.statistics import FAILS, HOLDS, INCONCLUSIVE, paired_difference, t_quantile
+from fedhet.statistics import FAILS, HOLDS, INCONCLUSIVE, NOT_RUN, paired_difference, t_quantile
 
 GRID = """\
 title: A tuned test page
@@ -61,7 +61,7 @@ def test_verdicts_follow_the_interval_alone():
     mixed = paired_difference({0: 1.0, 1: 5.0, 2: 4.0}, {0: 3.0, 1: 2.0, 2: 2.0})  # wins 2 of 3, mean +1
     assert (mixed.wins, mixed.verdict) == (2, INCONCLUSIVE)
     assert paired_difference({0: 9.0}, {0: 1.0}).verdict == INCONCLUSIVE  # one seed: no interval
-    assert paired_difference({}, {0: 1.0}).verdict == INCONCLUSIVE
+    assert paired_difference({}, {0: 1.0}).verdict == NOT_RUN  # no paired seed yet: no verdict at all
     same = paired_difference({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0})  # sd 0: the interval is the mean
     assert (same.low, same.high, same.verdict) == (1.0, 1.0, HOLDS)
 
@@ -132,6 +132,10 @@ def test_claims_page_collects_every_pages_verdicts(tmp_path, monkeypatch):
     _, payload = render_page(grid, records, {}, threads=1)
     grid.page.with_suffix(".json").write_text(json.dumps(payload))
     assert "**Partial**: 1 cells of the page are not recorded yet" in claims_page([str(grid_path)], out)
+    _, payload = render_page(grid, {}, {}, threads=1)  # tuning done, no seed run yet: no verdict counted
+    grid.page.with_suffix(".json").write_text(json.dumps(payload))
+    text = claims_page([str(grid_path)], out)
+    assert "In all: 3 not run." in text and "| no paired seeds | - | 0/0 | **not run** |" in text
 
 
 def test_grid_mistakes_in_tuning_and_claims_are_one_line(tmp_path):
