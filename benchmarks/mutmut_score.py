@@ -283,6 +283,8 @@ EQUIVALENT: dict[str, str] = {
            "return DataLoader(TensorDataset(noise, labels), batch_size=self.hp.batch_size, )")},
     "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁtraining_step: loss = None": "student_steps is a PositiveInt: "
     "the loop always reassigns it",
+    "fedhet.algorithms.fedftg.xǁConditionalImageGeneratorǁ__init__: nn.BatchNorm2d(channels, affine=None),":
+        "BatchNorm reads affine as a truth value: None, like False, creates no affine parameters",
     "fedhet.algorithms.fedmdcg.xǁFedMDCGClientǁramp: return ramp_weight(self.round_idx, max(self.total_rounds, 2), "
     "self.hp.ramp, self.hp.ramp_power)": "the guard differs only for total_rounds 1 with round_idx >= 1, which no run "
     "reaches (round_idx < total_rounds; a client alone has 1 and 0): ramp 0 either way",
