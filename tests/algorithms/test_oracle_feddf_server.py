@@ -185,7 +185,8 @@ def test_feddf_server_matches_the_oracle(student_bn):
             for key in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
                 assert torch.equal(got[key], averages[architecture][key]), key
     got_loss = server.metrics()["distill_loss"]
-    assert got_loss == pytest.approx(mean_loss, rel=1e-5), f"distill_loss {got_loss} != {mean_loss}"
+    # float32 sums in another order: 1.3e-5 apart on an AVX-512 machine; a wrong weight or term is far outside
+    assert got_loss == pytest.approx(mean_loss, rel=1e-4), f"distill_loss {got_loss} != {mean_loss}"
 
     # the next round starts from the distilled model of the client's own architecture
     module = algorithm.build_client(TinyBNNet(CHANNELS, M, seed=10), M)
