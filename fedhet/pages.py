@@ -1052,11 +1052,15 @@ def grid_command(
         threads = threads or default_threads(jobs)
     recorded_threads = threads if threads is not None else studies_threads(from_json)
 
+    complete: dict[Cell, dict[str, Any]] = {}  # a finished run never changes: read each summary once
+
     def records() -> dict[tuple[str, int], dict[str, Any]]:
         found = dict(recorded)
         for cell in grid.cells():
-            if cell_state(cell.run_dir(root)) == "complete":
-                found[cell.label, cell.seed] = record_of(cell, load_run(cell.run_dir(root)), grid)
+            if cell not in complete and cell_state(cell.run_dir(root)) == "complete":
+                complete[cell] = record_of(cell, load_run(cell.run_dir(root)), grid)
+            if cell in complete:
+                found[cell.label, cell.seed] = complete[cell]
         return found
 
     def write(found: dict[tuple[str, int], dict[str, Any]]) -> str:
