@@ -57,10 +57,16 @@ from fedhet.tuning import LOCAL_RUNNER, StudyResult, TuningPlan, parse_tuning, t
 GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template", "tuning", "claims",
              "selected", "extends", "only"}
 ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds", "tune"}
-CLAIM_KEYS = {"claim", "paper", "better", "than", "metric"}
+CLAIM_KEYS = {"claim", "paper", "better", "than", "metric", "than_metric"}
 TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds", "per_seed", "across",
               "outcomes"}
-FIGURE_KEYS = {"name", "kind", "rows", "block", "metrics"}
+FIGURE_KEYS = {"name", "kind", "rows", "block", "metrics", "images", "seed"}
+#: a block naming one federated round: ``round5/acc_global`` is the value logged at federated round 5
+#: (the fifth step of ``metrics.jsonl`` outside phases; ``-`` when the run did not log it then)
+ROUND_BLOCK = re.compile(r"round([1-9]\d*)")
+#: the block of the last value ``metrics.jsonl`` holds of a metric: ``last/server/image_separation`` (the
+#: summary's ``final`` block keeps the last evaluation's numbers, without the server's per-round metrics)
+LAST_BLOCK = "last"
 #: numbers of a run that belong to no block of ``summary.json``: bytes and time per run, and the seconds
 #: per round its clients fitted and its server took (aggregate and refine: the round less fit and evaluation)
 RUN_NUMBERS = ("mb_per_round", "wall_s", "fit_s_per_round", "server_s_per_round")
@@ -92,13 +98,23 @@ class Row:
 
 @dataclass(frozen=True)
 class Claim:
-    """A claim of a paper checked on the page: ``better``'s metric above ``than``'s, paired over seeds."""
+    """A claim of a paper checked on the page: ``better``'s metric above ``than``'s, paired over seeds.
+
+    ``than_key`` compares with another number of the ``than`` row (the same row, even): "the class
+    images are more separated at the last round than at the first" is ``final/x`` against ``round1/x``.
+    """
 
     claim: str
     paper: str
     better: str
     than: str
     key: str  # block/metric of summary.json
+    than_key: str | None = None  # None: ``key``
+
+    @property
+    def compared(self) -> str:
+        """The metric column of the claims table: the key, or both keys when they differ."""
+        return self.key if self.than_key is None else f"{self.key} vs {self.than_key}"
 
     @property
     def metric(self) -> str:
@@ -151,13 +167,19 @@ class Table:
 
 @dataclass(frozen=True)
 class Figure:
-    """One figure: bars of a block's values or per-round curves (mean over seeds) of some rows."""
+    """One figure: bars of a block's values, per-round curves (mean over seeds) of some rows, or server images.
+
+    An ``images`` figure draws the image batch ``images`` a server kept every round
+    (:meth:`~fedhet.algorithms.base.ServerPhase.images`) in one row's run at ``seed``: a line per round.
+    """
 
     name: str
     kind: str
     rows: tuple[str, ...]
     block: str
     metrics: tuple[str, ...]
+    images: str = ""
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -216,13 +238,13 @@ class Grid:
         """Every number a run record keeps: the tables' and figures' ``block/metric`` keys, then the run numbers."""
         keys = [c.key for t in self.tables for c in t.columns]
         keys += [f"{f.block}/{m}" for f in self.figures if f.kind == "bars" for m in f.metrics]
-        keys += [c.key for c in self.claims]
+        keys += [k for c in self.claims for k in (c.key, c.than_key) if k is not None]
         return list(dict.fromkeys([*keys, *RUN_NUMBERS]))
 
     def curve_metrics(self) -> list[str]:
         """The per-round metrics a run record keeps (every tabulated or plotted metric)."""
         names = [k.split("/", 1)[1] for k in self.keys() if "/" in k and not k.startswith(f"{REACHED}/")]
-        names += [m for f in self.figures for m in f.metrics]
+        names += [m for f in self.figures if f.kind != "images" for m in f.metrics]
         return list(dict.fromkeys(names))
 
 
@@ -299,14 +321,21 @@ def _row(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, 
 
 
 def _claim(where: str, entry: Any, labels: Sequence[str]) -> Claim:
-    """One ``claims:`` entry, ``{claim, paper, better, than, metric}`` (``acc_local`` or ``final/acc_local``)."""
+    """One ``claims:`` entry, ``{claim, paper, better, than, metric, than_metric}`` (``acc_local``, ``round1/x``)."""
     entry = _keys(where, entry, CLAIM_KEYS, ("claim", "better", "than", "metric"))
     for key in ("better", "than"):
         if entry[key] not in labels:
             raise _fail(where, f"{key}: no row labelled {entry[key]!r}")
-    metric = str(entry["metric"])
-    key = metric if metric.split("/", 1)[0] in BLOCKS else f"final/{metric}"
-    return Claim(str(entry["claim"]), str(entry.get("paper", "")), str(entry["better"]), str(entry["than"]), key)
+
+    def key_of(metric: Any) -> str:
+        return str(metric) if is_block(str(metric).split("/", 1)[0]) else f"final/{metric}"
+
+    key = key_of(entry["metric"])
+    than_key = None if entry.get("than_metric") is None else key_of(entry["than_metric"])
+    if entry["better"] == entry["than"] and than_key in (None, key):
+        raise _fail(where, "a row compared with itself needs another number: add than_metric (e.g. round1/acc_local)")
+    return Claim(str(entry["claim"]), str(entry.get("paper", "")), str(entry["better"]), str(entry["than"]), key,
+                 than_key)  # fmt: skip
 
 
 def _across(
@@ -337,9 +366,15 @@ def _rows_of(where: str, entry: dict[str, Any], labels: Sequence[str]) -> tuple[
     return tuple(rows)
 
 
+def is_block(name: Any) -> bool:
+    """A block of ``summary.json`` (``final``, ``last3`` ...), one federated round (``round5``) or ``last``."""
+    return name in BLOCKS or name == LAST_BLOCK or (isinstance(name, str) and ROUND_BLOCK.fullmatch(name) is not None)
+
+
 def _block(where: str, block: Any) -> str:
-    if block not in BLOCKS:
-        raise _fail(where, f"block {block!r}: use one of {', '.join(BLOCKS)}")
+    if not is_block(block):
+        known = ", ".join(BLOCKS)
+        raise _fail(where, f"block {block!r}: use one of {known}, last or roundN (the value at federated round N)")
     return str(block)
 
 
@@ -371,7 +406,7 @@ def _columns(where: str, metrics: Any, block: str, labels: Sequence[str] = ()) -
             header, digits = header.get("header", name), header.get("digits")
         if name in RUN_NUMBERS:
             key = name
-        elif name.split("/", 1)[0] in (*BLOCKS, *SECTIONS):  # final/acc_local; domain/mnist/acc_intra: a metric
+        elif is_block(name.split("/", 1)[0]) or name.split("/", 1)[0] in SECTIONS:  # final/acc_local, round5/..
             key = name
         else:
             key = f"{block}/{name}"
@@ -449,10 +484,14 @@ def parse_grid(path: str | Path) -> Grid:
     figures = []
     for i, entry in enumerate(data.get("figures") or []):
         at = f"{where}: figures[{i}]"
-        entry = _keys(at, entry, FIGURE_KEYS, ("name", "kind", "metrics"))
-        if entry["kind"] not in ("bars", "curves"):
-            raise _fail(at, f"kind {entry['kind']!r}: use bars (a block's values) or curves (per-round values)")
-        metrics = entry["metrics"]
+        entry = _keys(at, entry, FIGURE_KEYS, ("name", "kind"))
+        if entry["kind"] not in ("bars", "curves", "images"):
+            raise _fail(at, f"kind {entry['kind']!r}: use bars (a block's values), curves (per-round values) or "
+                            "images (a server's images by round, in one row's run)")  # fmt: skip
+        if entry["kind"] == "images":
+            figures.append(_images_figure(at, entry, labels, seeds))
+            continue
+        metrics = entry.get("metrics")
         if not isinstance(metrics, list) or not metrics or not all(isinstance(m, str) for m in metrics):
             raise _fail(at, "metrics: write a non-empty list of metric names")
         figures.append(Figure(str(entry["name"]), entry["kind"], _rows_of(at, entry, labels),
@@ -491,6 +530,18 @@ def parse_grid(path: str | Path) -> Grid:
     grid = Grid(where, str(data["title"]), page, out, tuple(seeds), rows, tuple(tables), tuple(figures), template,
                 tuning, claims, selected)  # fmt: skip
     return grid if data.get("only") is None else _only(where, grid, data["only"])
+
+
+def _images_figure(where: str, entry: dict[str, Any], labels: Sequence[str], seeds: Sequence[int]) -> Figure:
+    """``{name, kind: images, images: NAME, rows: [ONE_ROW], seed: S}`` (seed: the grid's first)."""
+    rows = _rows_of(where, entry, labels)
+    if len(rows) != 1 or "images" not in entry:
+        raise _fail(where, "an images figure names one row and the server's image batch: "
+                           "{kind: images, images: class_images, rows: [LABEL], seed: 0}")  # fmt: skip
+    seed = entry.get("seed", seeds[0] if seeds else 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise _fail(where, f"seed: {seed!r}: write one integer seed of the grid")
+    return Figure(str(entry["name"]), "images", rows, "final", (), str(entry["images"]), seed)
 
 
 def _only(where: str, grid: Grid, only: Any) -> Grid:
@@ -538,7 +589,13 @@ def record_of(cell: Cell, summary: dict[str, Any], grid: Grid) -> dict[str, Any]
             value = sum(server_s) / len(server_s) if timed else None
         else:
             block, metric = key.split("/", 1)
-            value = summary.get(block, {}).get(metric)
+            at_round = ROUND_BLOCK.fullmatch(block)
+            if at_round:
+                value = value_at_round(history, int(at_round.group(1)), metric)
+            elif block == LAST_BLOCK:
+                value = next((r[metric] for r in reversed(history) if metric in r), None)
+            else:
+                value = summary.get(block, {}).get(metric)
             if value is None and block == "last3":
                 value = last_mean(history, metric)
             if value is None and block == REACHED and metric in summary.get(REACHED, {}):
@@ -553,6 +610,12 @@ def record_of(cell: Cell, summary: dict[str, Any], grid: Grid) -> dict[str, Any]
         **({"unreached": unreached} if unreached else {}),
         **({"environment": summary["environment"]} if "environment" in summary else {}),
     }  # fmt: skip
+
+
+def value_at_round(history: Sequence[dict[str, Any]], federated_round: int, metric: str) -> Any:
+    """``metric`` at federated round ``federated_round`` (1-based; steps of a phase do not count), or None."""
+    rounds = [r for r in history if "phase" not in r]
+    return rounds[federated_round - 1].get(metric) if federated_round <= len(rounds) else None
 
 
 def config_digest(config: str) -> str | None:
@@ -775,6 +838,8 @@ def draw_figure(grid: Grid, figure: Figure, by_row: dict[str, list[dict[str, Any
     """Write one figure; False (and no file) when no run has its numbers (records without curves)."""
     from fedhet.bench import curves_png
 
+    if figure.kind == "images":
+        return draw_images_figure(grid, figure)
     names = {r.label: r.name for r in grid.rows}
     rows = [label for label in figure.rows if by_row.get(label)]
     if figure.kind == "curves":
@@ -795,15 +860,30 @@ def draw_figure(grid: Grid, figure: Figure, by_row: dict[str, list[dict[str, Any
     return True
 
 
+def draw_images_figure(grid: Grid, figure: Figure) -> bool:
+    """Draw a server's kept images from the row's run directory; a figure drawn before stays when ``runs/`` is gone."""
+    from fedhet.tracking.figures import IMAGES_DIR, images_figure, load_round_images
+
+    cell = next((c for c in grid.cells() if c.label in figure.rows[:1] and c.seed == figure.seed), None)
+    kept = None if cell is None else cell.run_dir(grid.out) / IMAGES_DIR / f"{figure.images}.pt"
+    path = figure_path(grid, figure)
+    if kept is not None and kept.is_file() and cell_state(cell.run_dir(grid.out)) == "complete":
+        name = next(r.name for r in grid.rows if r.label == figure.rows[0])
+        images_figure(load_round_images(kept), path, f"{name}, seed {figure.seed}: {figure.images} by round "
+                                                    "(columns: the image index)")  # fmt: skip
+        return True
+    return path.is_file()
+
+
 def claim_results(grid: Grid, by_row: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Each declared claim with its paired difference over seeds and the verdict computed from it."""
     results = []
     for claim in grid.claims:
-        values = {label: {r["seed"]: r["values"][claim.key] for r in by_row.get(label, []) if claim.key in r["values"]}
-                  for label in (claim.better, claim.than)}  # fmt: skip
-        difference = paired_difference(values[claim.better], values[claim.than])
+        better, than = ({r["seed"]: r["values"][key] for r in by_row.get(label, []) if key in r["values"]}
+                        for label, key in ((claim.better, claim.key), (claim.than, claim.than_key or claim.key)))
+        difference = paired_difference(better, than)
         results.append({"claim": claim.claim, "paper": claim.paper, "better": claim.better, "than": claim.than,
-                        "metric": claim.key, **difference.as_dict()})  # fmt: skip
+                        "metric": claim.compared, **difference.as_dict()})  # fmt: skip
     return results
 
 
@@ -843,6 +923,10 @@ def tuning_markdown(grid: Grid, studies: dict[str, dict[str, Any]]) -> str:
         states = [t["state"] for t in study["trials"]]
         counts = " / ".join(str(states.count(s)) for s in ("complete", "pruned", "failed"))
         searched = ", ".join(f"`{k.removeprefix('method.init_args.')}`" for k in study["space"]) or "nothing"
+        if "selected" not in study:  # trials finished so far, the row's tuning still under way
+            lines.append(f"| {names[row.label]} | {searched} | {len(states)} of {grid.tuning.trials} so far: "
+                         f"{counts} | (tuning) | - |")  # fmt: skip
+            continue
         selected = study["selected"]
         values = ", ".join(f"{k.removeprefix('method.init_args.')}={_short(v)}" for k, v in selected["params"].items())
         lines.append(f"| {names[row.label]} | {searched} | {len(states)}: {counts} | {selected['value']:.2f} "
@@ -1042,7 +1126,8 @@ def grid_command(
     studies = studies_from_json(from_json) if from_json is not None and grid.tuning is not None else {}
     recorded = records_from_json(from_json, grid.cells()) if from_json is not None else {}
     tuned = [r for r in grid.rows if grid.tuning is not None and grid.tuned(r)
-             and not (r.label in studies and grid.selected_config(r).is_file())] if not report_only else []  # fmt: skip
+             and not ("selected" in studies.get(r.label, {}) and grid.selected_config(r).is_file())] \
+        if not report_only else []  # fmt: skip
 
     def pending() -> list[Cell]:  # a tuned row's cells are known once its selected config is written
         cells = grid.cells()
@@ -1076,6 +1161,10 @@ def grid_command(
             studies[result.label] = result.as_dict()
         write(records())
 
+    def save_trials(label: str, partial: dict[str, Any]) -> None:  # a row's finished trials, before it is tuned
+        studies[label] = partial
+        write(records())
+
     outcomes = []
     try:
         if tuned:
@@ -1088,8 +1177,10 @@ def grid_command(
                 from fedhet.tuning_ray import RUNNER, ray_trials
 
                 on_ray = {"trials": ray_trials(ray_address, threads), "runner": RUNNER}
+            restore = {r.label: studies[r.label]["trials"] for r in tuned if studies.get(r.label, {}).get("partial")}
             tune_rows([(r.label, r.config, r.flags) for r in tuned], plan, root, grid.selected, grid.page.stem,
-                      child_environment(threads), jobs, echo, on_selected=save_progress, **on_ray)  # fmt: skip
+                      child_environment(threads), jobs, echo, on_selected=save_progress, on_trial=save_trials,
+                      restore=restore, **on_ray)  # fmt: skip
         to_run = pending() if not report_only else []
         if to_run:
             for cell in to_run:

@@ -253,17 +253,26 @@ def plain_value(value: Any) -> Any:
 # ---------------------------------------------------------------------------------------------- trials
 @dataclass(frozen=True)
 class TrialRecord:
-    """One finished trial of a row's study."""
+    """One finished trial of a row's study.
+
+    ``point`` (the sampler's own coordinates), ``reported`` (the validation value of each round, the
+    pruner's input) and ``configured`` are what :meth:`RowStudy.restore` needs to rebuild the study
+    exactly from a page json when the study's storage is gone.
+    """
 
     number: int
     params: dict[str, Any]
     value: float | None
     state: str  # complete, pruned or failed
     wall_s: float
+    point: dict[str, Any] = field(default_factory=dict)
+    reported: dict[int, float] = field(default_factory=dict)
+    configured: bool = False  # trial 0: the row as configured
 
     def as_dict(self) -> dict[str, Any]:
         return {"number": self.number, "params": self.params, "value": self.value, "state": self.state,
-                "wall_s": round(self.wall_s, 1)}  # fmt: skip
+                "wall_s": round(self.wall_s, 1), "point": self.point, "reported": self.reported,
+                **({"configured": True} if self.configured else {})}  # fmt: skip
 
 
 @dataclass
@@ -446,11 +455,49 @@ class RowStudy:
         for t in self.study(0).get_trials(deepcopy=False):
             if t.state in names:
                 wall = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else 0.0
-                out.append(TrialRecord(t.number, self.params_of(t), t.value, names[t.state], wall))
+                out.append(TrialRecord(t.number, self.params_of(t), t.value, names[t.state],
+                                       float(t.user_attrs.get("wall_s", wall)), dict(t.params),
+                                       dict(t.intermediate_values), bool(t.user_attrs.get("configured"))))  # fmt: skip
         return out
 
-    def run(self, env: dict[str, str], echo: Callable[[str], None]) -> list[TrialRecord]:
-        """Run the row's trials until ``plan.trials`` have finished (interrupted ones are resumed first)."""
+    def restore(self, trials: Sequence[Mapping[str, Any]]) -> int:
+        """Rebuild an empty study from the finished trials a page json kept (its storage went with ``runs/``).
+
+        The trials go back with their sampler coordinates, values, states and reported rounds, in
+        their order, so the sampler (seeded per trial number) proposes what it would have proposed
+        had the study never been lost. Returns how many were restored: none when the study already
+        has trials (its storage survived) or when the json's trials are not ``0, 1, ...`` with their
+        coordinates (written before they were kept): the row is then tuned from the start.
+        """
+        optuna = load_optuna()
+        from optuna.trial import TrialState
+
+        study = self.study(0)
+        ordered = sorted(trials, key=lambda t: int(t["number"]))
+        if study.get_trials(deepcopy=False) or not ordered:
+            return 0
+        if [int(t["number"]) for t in ordered] != list(range(len(ordered))) or \
+                any("point" not in t for t in ordered):  # fmt: skip
+            return 0
+        states = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
+        for t in ordered:
+            state = states[t["state"]]
+            study.add_trial(optuna.trial.create_trial(
+                state=state,
+                value=t["value"] if state == TrialState.COMPLETE else None,
+                params=dict(t["point"]),
+                distributions={name: self.distributions[name] for name in t["point"]},
+                intermediate_values={int(step): float(v) for step, v in t.get("reported", {}).items()},
+                user_attrs={"wall_s": float(t["wall_s"]), **({"configured": True} if t.get("configured") else {})},
+            ))  # fmt: skip
+        return len(ordered)
+
+    def run(self, env: dict[str, str], echo: Callable[[str], None],
+            on_trial: Callable[[RowStudy], None] | None = None) -> list[TrialRecord]:  # fmt: skip
+        """Run the row's trials until ``plan.trials`` have finished (interrupted ones are resumed first).
+
+        ``on_trial`` is called after each trial (a caller saves the row's finished trials with it).
+        """
         optuna = load_optuna()
         from optuna.trial import TrialState
 
@@ -463,6 +510,8 @@ class RowStudy:
             trial = optuna.trial.Trial(study, frozen._trial_id)
             record = self.run_trial(study, trial, env)
             echo(f"{self.label}: trial {record.number} resumed, {record.state}, val/{self.plan.metric} {record.value}")
+            if on_trial is not None:
+                on_trial(self)
         while True:
             done = len(self.finished())
             if done >= self.plan.trials or STOP.is_set():
@@ -472,6 +521,8 @@ class RowStudy:
             record = self.run_trial(study, trial, env)
             echo(f"{self.label}: trial {record.number + 1}/{self.plan.trials} {record.state}, "
                  f"val/{self.plan.metric} {record.value}")  # fmt: skip
+            if on_trial is not None:
+                on_trial(self)
         return self.finished()[: self.plan.trials]
 
 
@@ -524,6 +575,8 @@ def tune_rows(
     on_selected: Callable[[StudyResult], None] | None = None,
     trials: TrialRunner | None = None,
     runner: str = LOCAL_RUNNER,
+    on_trial: Callable[[str, dict[str, Any]], None] | None = None,
+    restore: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> dict[str, StudyResult]:
     """Tune every ``(label, config, flags)`` row (``jobs`` rows at a time) and write each selected config.
 
@@ -531,6 +584,11 @@ def tune_rows(
     call at a time (so that a caller can save the study before the other rows finish).
     ``trials`` runs a row's trials elsewhere (:func:`fedhet.tuning_ray.ray_trials`: on a Ray
     cluster, one row at a time); ``runner`` names it on the page.
+
+    ``on_trial(label, partial_study)`` is called after each local trial with the row's study so far
+    (``as_dict`` form without ``selected``, marked ``partial``), and ``restore`` gives rows whose
+    storage is gone their finished trials back (:meth:`RowStudy.restore`): a bench that loses
+    ``runs/`` mid-row continues the row, not only the rows it finished.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -541,9 +599,19 @@ def tune_rows(
     for study in studies:
         study.study(0)  # create the storage and each study here, not in two threads at once
         echo(f"{study.label}: searching {', '.join(study.space_spec) or 'nothing (no declared search space)'}")
+        restored = study.restore((restore or {}).get(study.label, ()))
+        if restored:
+            echo(f"{study.label}: {restored} finished trials restored from the page json")
+
+    def saved(study: RowStudy) -> None:
+        if on_trial is not None:
+            partial = {"space": study.space_spec, "trials": [t.as_dict() for t in study.finished()],
+                       "runner": runner, "partial": True}  # fmt: skip
+            with selected_lock:
+                on_trial(study.label, partial)
 
     def one(study: RowStudy) -> StudyResult:
-        finished = study.run(env, echo) if trials is None else trials(study, env, echo)
+        finished = study.run(env, echo, saved) if trials is None else trials(study, env, echo)
         best = select(finished, study.label)
         path = selected_dir / f"{study.label}.yaml"
         shown = path.relative_to(study.cwd) if path.is_relative_to(study.cwd) else path

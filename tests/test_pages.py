@@ -159,6 +159,8 @@ def test_page_from_run_directories_then_from_its_json(tmp_path, capsys, monkeypa
         (lambda t: t.replace("`{command}`", "`fedhet bench`"), "{command} placeholder"),
         (lambda t: t.replace("block: last3", "block: last5"), "block 'last5': use one of final, best, last3"),
         (lambda t: t.replace("kind: curves", "kind: pie"), "kind 'pie'"),
+        (lambda t: t.replace("block: last3", "block: round0"), "last or roundN (the value at federated round N)"),
+        (lambda t: t.replace("kind: curves", "kind: images"), "an images figure names one row and the server's"),
         (lambda t: t.replace("minus: skew/local", "minus: skew/lcoal"), "minus: no row labelled 'skew/lcoal'"),
         (lambda t: t.replace("title: A test page\n", ""), "missing key 'title'"),
         (lambda t: t.replace("  - label: skew/local", "  - label: skew/fedavg"), "'skew/fedavg' is used twice"),
@@ -428,3 +430,53 @@ def test_outcome_table_over_a_folder_of_configs_and_its_json(tmp_path, capsys, m
     grid.write_text(grid.read_text().replace("*.yaml", "*.yml"))
     assert main(["bench", "--grid", str(grid), "--report_only"]) == 2
     assert "no file matches" in _error_line(capsys.readouterr().err)
+
+
+def test_a_column_at_one_federated_round_and_a_figure_of_server_images(tmp_path, capsys, monkeypatch):
+    """``round2/acc_local`` reads federated round 2 (phase steps do not count); an images figure draws a run's images.
+
+    The figure stays on the page when ``runs/`` is gone (drawn from the run once, not recorded in the json).
+    """
+    import torch
+
+    from fedhet.tracking.figures import save_round_images
+
+    monkeypatch.chdir(ROOT)
+    text = GRID.format(page=tmp_path / "docs" / "page.md", out=tmp_path / "runs")
+    text = text.replace("metrics: [acc_local, {final",
+                        "metrics: [acc_local, {round2/acc_local: at round 2}, {last/acc_local: last logged}, {final")
+    images = "  - name: images\n    kind: images\n    images: class_images\n    rows: [skew/fedavg]\n    seed: 1\n"
+    text = text.replace("    metrics: [acc_local]\n", "    metrics: [acc_local]\n" + images)
+    text = text.replace("  {figure:curves}\n", "  {figure:curves}\n\n  {figure:images}\n")
+    grid = tmp_path / "page.yaml"
+    grid.write_text(text)
+    runs = tmp_path / "runs"
+    _fake_run(runs / "skew/fedavg/seed0", "FedAvg", [10, 20, 30, 40], 41.0, 1_000_000)
+    _fake_run(runs / "skew/fedavg/seed1", "FedAvg", [30, 40, 50, 60], 45.0, 1_000_000)
+    _fake_run(runs / "skew/local/seed0", "Local", [70, 80, 90], None, 0)
+    # Local's first step is a pretraining phase: its federated round 2 is step 2 (90), not step 1 (80)
+    lines = (runs / "skew/local/seed0/metrics.jsonl").read_text().splitlines()
+    lines[0] = json.dumps({"round": 0, "phase": "pretrain", "acc_local": 70})
+    (runs / "skew/local/seed0/metrics.jsonl").write_text("\n".join(lines) + "\n")
+    save_round_images(runs / "skew/fedavg/seed1", 0, {"class_images": torch.rand(3, 1, 4, 4)})
+    save_round_images(runs / "skew/fedavg/seed1", 1, {"class_images": torch.rand(3, 1, 4, 4)})
+    assert main(["bench", "--grid", str(grid), "--report_only"]) == 0
+    page = (tmp_path / "docs" / "page.md").read_text()
+    # FedAvg round 2: 20 and 40 -> 30 ± 14.14, last 40 and 60 -> 50 ± 14.14; Local: 90 and 90 (seed 0 only)
+    assert "| method | acc_local | at round 2 | last logged | G.acc |" in page
+    assert "| FedAvg | 40.00 ± 14.14 | 30.00 ± 14.14 | 50.00 ± 14.14 | 43.00 ± 2.83 |" in page
+    assert "| Local | 80.00 | 90.00 | 90.00 | - |" in page
+    figure = tmp_path / "docs" / "page_images.png"
+    assert "![images](page_images.png)" in page and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    payload = json.loads((tmp_path / "docs" / "page.json").read_text())
+    assert payload["runs"][0]["values"]["round2/acc_local"] == 20.0
+    assert parse_grid(grid).tables[0].columns[1].key == "round2/acc_local"
+    # the runs gone: the drawn figure stays and the page is the same
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(payload))
+    (runs / "skew").rename(tmp_path / "elsewhere")
+    assert main(["bench", "--grid", str(grid), "--from_json", str(saved), "--report_only"]) == 0
+    assert (tmp_path / "docs" / "page.md").read_text() == page
+    figure.unlink()  # never drawn and no run: the page says so
+    assert main(["bench", "--grid", str(grid), "--from_json", str(saved), "--report_only"]) == 0
+    assert "(figure images: no run has its numbers recorded)" in (tmp_path / "docs" / "page.md").read_text()

@@ -203,3 +203,42 @@ def test_wandb_figures_are_a_no_op_when_disabled(tmp_path, monkeypatch):
     (tmp_path / "curves.png").write_bytes(PNG)
     callback.on_run_end(SimpleNamespace(), {"comm": {}})
     assert callback.run is None
+
+
+def test_server_images_are_kept_every_round_and_drawn_as_a_round_grid(tmp_path):
+    """Each round's server images go to images/<name>.pt (uint8, per-image range); a resume drops later steps.
+
+    The run's end draws ``images_<name>.png`` and :func:`figure_paths` lists it (W&B logs it).
+    """
+    import torch
+
+    from fedhet.tracking.figures import FiguresCallback, figure_paths, load_round_images
+
+    batches = {step: torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).view(2, 3, 4, 4) * (step + 1) - 7.0
+               for step in range(3)}
+    loop = SimpleNamespace(server=SimpleNamespace(images=lambda: {}), history=[])
+    callback = FiguresCallback(tmp_path)
+    for step in range(3):
+        loop.server.images = lambda step=step: {"class_images": batches[step]}
+        callback.on_round_end(loop, {"round": step})
+    kept = load_round_images(tmp_path / "images" / "class_images.pt")
+    assert sorted(kept) == [0, 1, 2] and kept[1].dtype == torch.uint8
+    first = kept[1][0].flatten()
+    assert int(first.min()) == 0 and int(first.max()) == 255  # each image stretched over its own range
+    assert int(first[24]) == round(24 / 47 * 255)  # pixel 24 of a 48-pixel linear ramp, whatever its scale
+    # a resumed run repeats step 1: the killed run's step 2 goes, step 0 stays
+    FiguresCallback(tmp_path).on_round_end(loop, {"round": 1})
+    assert sorted(load_round_images(tmp_path / "images" / "class_images.pt")) == [0, 1]
+    loop.history = [{"round": 0, "train/loss": 1.0}, {"round": 1, "train/loss": 0.5}]
+    callback.on_run_end(loop, {"method": "M", "scenario": "S", "seed": 0})
+    assert (tmp_path / "images_class_images.png").is_file()
+    assert tmp_path / "images_class_images.png" in figure_paths(tmp_path)
+
+
+def test_a_server_without_images_keeps_none(tmp_path):
+    """A server whose images() is empty leaves no images folder."""
+    from fedhet.tracking.figures import FiguresCallback
+
+    loop = SimpleNamespace(server=SimpleNamespace(images=lambda: {}), history=[])
+    FiguresCallback(tmp_path).on_round_end(loop, {"round": 0})
+    assert not (tmp_path / "images").exists()

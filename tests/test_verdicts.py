@@ -181,30 +181,24 @@ final = {"acc_local": value}
 """
 
 
-def test_an_interrupted_bench_continues_from_its_page_json_alone(tmp_path, monkeypatch, capsys):
-    """A bench interrupted in either stage continues from its page's json alone, and ends as it would have.
-
-    Each tuned row and each finished cell is in the json at once; the run directories are deleted before each
-    continuation, so nothing finished can be rerun from them.
-    """
-    import shutil
+def _fake_fit_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trials: int):
+    """``bench(name, *flags) -> (code, page json)`` over GRID with FAKE_FIT standing in for ``fedhet fit``."""
     import sys
 
-    import fedhet.pages
     from fedhet.bench import Cell
     from fedhet.cli import main
     from fedhet.tuning import RowStudy
 
-    root = Path(__file__).resolve().parents[1]
-    monkeypatch.chdir(root)
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
     script, calls = tmp_path / "fake_fit.py", tmp_path / "calls.txt"
     script.write_text(FAKE_FIT)
+    calls.write_text("")
     monkeypatch.setenv("FEDHET_TEST_CALLS", str(calls))
     monkeypatch.setattr(RowStudy, "command", lambda self, number, params, original=RowStudy.command:
                         [sys.executable, str(script), *original(self, number, params)[4:]])  # fmt: skip
     monkeypatch.setattr(Cell, "command", lambda self, root: [sys.executable, str(script), *self.fit_args(root)])
     text = GRID.replace("seeds: [0, 1, 2]\n", "seeds: [0, 1, 2]\nselected: {selected}\n")
-    text = text.replace("trials: 3,", "trials: 2,")
+    text = text.replace("trials: 3,", f"trials: {trials},")
 
     def bench(name: str, *flags: str) -> tuple[int, dict]:
         path = tmp_path / f"{name}.yaml"
@@ -213,6 +207,20 @@ def test_an_interrupted_bench_continues_from_its_page_json_alone(tmp_path, monke
         code = main(["bench", "--grid", str(path), "--jobs", "1", *flags])
         return code, json.loads((tmp_path / name / "page.json").read_text())
 
+    return bench, calls
+
+
+def test_an_interrupted_bench_continues_from_its_page_json_alone(tmp_path, monkeypatch, capsys):
+    """A bench interrupted in either stage continues from its page's json alone, and ends as it would have.
+
+    Each tuned row and each finished cell is in the json at once; the run directories are deleted before each
+    continuation, so nothing finished can be rerun from them.
+    """
+    import shutil
+
+    import fedhet.pages
+
+    bench, calls = _fake_fit_bench(tmp_path, monkeypatch, trials=2)
     _, uninterrupted = bench("whole")
     calls.write_text("")
 
@@ -264,3 +272,72 @@ def test_an_interrupted_bench_continues_from_its_page_json_alone(tmp_path, monke
              for t in payload["tuning"]["rows"][row]["trials"]]  # fmt: skip
     assert strip == [{k: v for k, v in t.items() if k != "wall_s"} for row in ("a", "b")
                      for t in uninterrupted["tuning"]["rows"][row]["trials"]]  # fmt: skip
+
+
+def test_a_claim_compares_two_numbers_of_one_row(tmp_path):
+    """``than_metric``: the row's last round against its first, paired by seed (and a self-comparison needs one)."""
+    text = GRID.replace(
+        '  - {{claim: "A beats C", paper: "Table 2", better: a, than: c, metric: acc_local}}\n',
+        '  - {{claim: "A rises", paper: "Fig. 5", better: a, than: a, metric: acc_local, '
+        'than_metric: round1/acc_local}}\n')
+    grid = parse_grid(_grid(tmp_path, text))
+    assert grid.claims[2].than_key == "round1/acc_local" and "round1/acc_local" in grid.keys()
+    records = _records({"a": [50.0, 52.0, 51.0], "b": [40.0, 41.0, 43.0], "c": [1.0, 1.0, 1.0]}, grid)
+    for (label, seed), record in records.items():
+        record["values"]["round1/acc_local"] = {0: 20.0, 1: 22.0, 2: 30.0}[seed] if label == "a" else 0.0
+    _, payload = render_page(grid, records, {}, threads=1)
+    rises = payload["claims"][2]
+    assert rises["differences"] == [30.0, 30.0, 21.0] and rises["verdict"] == HOLDS
+    assert rises["metric"] == "final/acc_local vs round1/acc_local"
+    with pytest.raises(ConfigError, match="a row compared with itself needs another number: add than_metric"):
+        parse_grid(_grid(tmp_path, text.replace(", than_metric: round1/acc_local", "")))
+
+
+def test_a_row_interrupted_mid_tuning_keeps_its_finished_trials(tmp_path, monkeypatch, capsys):
+    """Each finished trial is in the page json; with ``runs/`` gone, the row restarts after them and selects the same.
+
+    Row a is stopped after 3 of its 5 trials (2 random, then TPE). Continued from the json alone, only trials
+    3 and 4 run again (the sampler, seeded per trial number, proposes what it would have), and every trial,
+    selection and number equals the uninterrupted bench's.
+    """
+    import shutil
+
+    import fedhet.pages
+
+    bench, calls = _fake_fit_bench(tmp_path, monkeypatch, trials=5)
+    _, uninterrupted = bench("whole")
+    real_tune_rows = fedhet.pages.tune_rows
+
+    def stopped_after_three(*args, on_trial, **kwargs):
+        def saved_then_stop(label, partial):
+            on_trial(label, partial)
+            if len(partial["trials"]) == 3:
+                raise KeyboardInterrupt
+
+        return real_tune_rows(*args, on_trial=saved_then_stop, **kwargs)
+
+    monkeypatch.setattr(fedhet.pages, "tune_rows", stopped_after_three)
+    calls.write_text("")
+    assert bench("cut")[0] == 130
+    monkeypatch.setattr(fedhet.pages, "tune_rows", real_tune_rows)
+    saved = tmp_path / "saved.json"
+    shutil.copy(tmp_path / "cut" / "page.json", saved)
+    kept = json.loads(saved.read_text())["tuning"]["rows"]["a"]
+    assert kept["partial"] and [t["number"] for t in kept["trials"]] == [0, 1, 2] and kept["trials"][0]["configured"]
+    assert "| Method A | `lr` | 3 of 5 so far: 3 / 0 / 0 | (tuning) | - |" in (tmp_path / "cut" / "page.md").read_text()
+    shutil.rmtree(tmp_path / "cut" / "runs")
+
+    calls.write_text("")
+    capsys.readouterr()
+    code, payload = bench("cut", "--from_json", str(saved))
+    assert code == 0 and "a: 3 finished trials restored from the page json" in capsys.readouterr().out
+    tuning = [c for c in calls.read_text().splitlines() if c.endswith(" 9")]
+    assert tuning.count("fedavg 9") == 2 and tuning.count("fedprox 9") == 5  # a: trials 3 and 4; b: all five
+    assert payload["tuning"]["rows"]["a"]["selected"] == uninterrupted["tuning"]["rows"]["a"]["selected"]
+
+    def trials(page: dict) -> list[dict]:
+        return [{k: v for k, v in t.items() if k != "wall_s"} for row in ("a", "b")
+                for t in page["tuning"]["rows"][row]["trials"]]  # fmt: skip
+
+    assert trials(payload) == trials(uninterrupted)
+    assert payload["claims"] == uninterrupted["claims"] and payload["tables"] == uninterrupted["tables"]

@@ -499,6 +499,14 @@ class ServerPhase:
         """Scalars logged under ``server/`` after the server phase."""
         return {}
 
+    def images(self) -> dict[str, Tensor]:
+        """Named image batches ``[n, c, h, w]`` the server holds after the round (default: none).
+
+        A server that makes images (FedKTL's class images) returns them here; the run directory
+        keeps each round's and draws ``images_<name>.png``, a round-by-image grid, when the run ends.
+        """
+        return {}
+
     def setup_uploads(self) -> Sequence[Payload]:
         """What the clients sent once, before the first round, for this server's set-up (default: nothing).
 
@@ -641,6 +649,9 @@ class RefinedServer(ServerPhase):
 
     def metrics(self) -> dict[str, float]:
         return {**self.base.metrics(), **self.refinement.metrics()}
+
+    def images(self) -> dict[str, Tensor]:
+        return self.base.images()
 
     def setup_uploads(self) -> Sequence[Payload]:
         return (*self.base.setup_uploads(), *self.refinement.setup_uploads())

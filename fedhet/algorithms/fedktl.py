@@ -90,7 +90,16 @@ from fedhet.algorithms.base import (
 )
 from fedhet.core.payloads import ClassStatsPayload, Payload, check_shape
 from fedhet.errors import ConfigError, TrainingError
-from fedhet.functional import arcface_logits, class_means, etf_cosines, rbf_mmd2, simplex_etf, unit_class_prototypes
+from fedhet.functional import (
+    arcface_logits,
+    class_means,
+    etf_cosines,
+    mean_pairwise_rms,
+    mean_rms_change,
+    rbf_mmd2,
+    simplex_etf,
+    unit_class_prototypes,
+)
 from fedhet.hparams import (
     Hyperparameters,
     LocalOptimizer,
@@ -112,6 +121,8 @@ CentroidMode = Literal["learned_table", "exact_mean"]
 
 GENERATOR_PREFIX = "generator."
 SYNTHESIS_CHUNK = 32  # images synthesised per generator call (memory only; the code uses 4)
+#: images of random latents whose mean pairwise distance is the unit of the class-image diagnostics
+SPREAD_SAMPLES = 64
 
 
 @dataclass(frozen=True)
@@ -422,6 +433,9 @@ class FedKTLServer(TrainableServerPhase):
         self.pair_images: Tensor | None = None
         self.pair_latents: Tensor | None = None
         self.image_spec: tuple[int, int, tuple[float, ...], tuple[float, ...]] | None = None
+        #: the unit of the class-image diagnostics: the mean distance between images of random latents
+        self.image_spread: float | None = None
+        self.image_change: float | None = None  # the class images' change this round, in that unit
         self._finished = True
         self._sums: dict[str, float] = {}
         self._steps = 0
@@ -569,14 +583,41 @@ class FedKTLServer(TrainableServerPhase):
         assert self.centroids is not None
         if self.image_spec is None:
             raise TrainingError("FedKTL's server was fitted without server_dataloader(); the image format is unknown")
+        previous_images, previous_seen = self.pair_images, self.seen.clone()
         self.seen |= self.set_centroids_to_class_means().to(self.seen.device)
         latents = self.centroids.weight[self.seen.to(self.centroids.weight.device)].detach()
         # the generator is a child module, so it sits on the centroids' device
         generated = [self.generator.synthesize(chunk) for chunk in latents.split(SYNTHESIS_CHUNK)]
+        self.image_change = None
         if generated:
             self.pair_images = to_client_images(torch.cat(generated), *self.image_spec).cpu()
             self.pair_latents = latents.float().cpu().clone()
+            self.image_change = self.class_image_change(previous_images, previous_seen)
         self._finished = True
+
+    def class_image_change(self, previous: Tensor | None, previous_seen: Tensor) -> float | None:
+        """Mean RMS change of the classes' images since the last round (classes in both), in spread units."""
+        assert self.pair_images is not None
+        both = (previous_seen & self.seen).cpu()
+        if previous is None or not both.any():
+            return None
+        before = previous[both[previous_seen.cpu()]]
+        after = self.pair_images[both[self.seen.cpu()]]
+        return float(mean_rms_change(before, after)) / self.generator_spread()
+
+    @torch.no_grad()
+    def generator_spread(self) -> float:
+        """Mean pairwise distance of the client-format images of :data:`SPREAD_SAMPLES` random latents.
+
+        The latents come from a fixed private RNG, so the unit is the same in every round, run and
+        seed, and drawing it leaves the run's RNG untouched (same seed, same numbers).
+        """
+        if self.image_spread is None:
+            assert self.image_spec is not None
+            latents = self.generator.sample_w(SPREAD_SAMPLES, torch.Generator().manual_seed(0))
+            images = torch.cat([self.generator.synthesize(chunk) for chunk in latents.split(SYNTHESIS_CHUNK)])
+            self.image_spread = float(mean_pairwise_rms(to_client_images(images, *self.image_spec)))
+        return self.image_spread
 
     # ------------------------------------------------------------------ download and metrics
     def download_for(self, client_id: int) -> GeneratedPairsPayload | None:
@@ -585,12 +626,26 @@ class FedKTLServer(TrainableServerPhase):
         return GeneratedPairsPayload(images=self.pair_images, latents=self.pair_latents)
 
     def metrics(self) -> dict[str, float]:
-        """Mean server losses of the round and the mean pairwise distance of the centroids sent."""
+        """Mean server losses of the round, the spread of the centroids sent, and the class images' diagnostics.
+
+        The paper's Fig. 5 claims the class images start alike, become class-discriminative and then
+        settle. ``image_separation`` is the mean RMS distance between two classes' images and
+        ``image_change`` each class image's RMS change since the last round, both as a share of
+        :meth:`generator_spread` (0: identical images; about 1: as different as random samples).
+        """
         out = {k: v / self._steps for k, v in self._sums.items()} if self._steps else {}
         out["prototypes"] = float(len(self.prototypes))
         if self.pair_latents is not None and len(self.pair_latents) > 1:
             out["centroid_spread"] = float(torch.pdist(self.pair_latents).mean())
+        if self.pair_images is not None and len(self.pair_images) > 1 and self.image_spec is not None:
+            out["image_separation"] = float(mean_pairwise_rms(self.pair_images)) / self.generator_spread()
+        if self.image_change is not None:
+            out["image_change"] = self.image_change
         return out
+
+    def images(self) -> dict[str, Tensor]:
+        """The class images of the round's download, one per class seen (drawn into the run directory)."""
+        return {} if self.pair_images is None else {"class_images": self.pair_images}
 
 
 # ---------------------------------------------------------------------------------------------

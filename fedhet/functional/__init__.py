@@ -59,6 +59,7 @@ from fedhet.functional.fccl import (
     kd_loss,
     linear_round_decay,
 )
+from fedhet.functional.image_statistics import mean_pairwise_rms, mean_rms_change
 from fedhet.functional.mutual_learning import (
     adaptive_distillation_weight,
     adaptive_mutual_distillation,
@@ -83,6 +84,8 @@ from fedhet.functional.prototypes import class_means
 from fedhet.functional.regularizers import linear_term, proximal_term
 
 __all__ = [
+    "mean_pairwise_rms",
+    "mean_rms_change",
     "coordinate_median",
     "krum",
     "krum_scores",

@@ -1,4 +1,7 @@
-"""End-of-run figures: ``curves.png`` (headline metrics per round) and ``matrix.png`` (client x test set).
+"""End-of-run figures: ``curves.png``, ``matrix.png`` and, for a server that makes images, ``images_<name>.png``.
+
+``curves.png`` shows the headline metrics per round, ``matrix.png`` the client x test set accuracy,
+``images_<name>.png`` a server's images by round (FedKTL's class images).
 
 Both are written into the run directory atomically (a temporary file renamed over the target)
 and logged to W&B as images by :class:`~fedhet.tracking.WandbCallback`. They are drawn from
@@ -7,6 +10,10 @@ figure can never disagree with ``metrics.jsonl`` or ``summary.json``. A matrix o
 :data:`~fedhet.tracking.console.MATRIX_ROWS` clients is drawn summarised, exactly as the console
 prints it (quantiles per column, then the worst and best clients), with the client count in the
 title: a heatmap of 800 one-pixel rows shows nothing.
+
+A server's images (:meth:`~fedhet.algorithms.base.ServerPhase.images`) are kept every round in
+``images/<name>.pt`` (each image scaled to its own 0-255 range, uint8, keyed by step), so a resumed
+run's figure still shows the rounds before the interruption.
 
 A figure that cannot be drawn (a broken matplotlib installation, say) costs a warning line, never
 the run: the results files are the contract, figures are a convenience.
@@ -19,13 +26,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedhet.files import atomic_savefig
+import torch
+from torch import Tensor
+
+from fedhet.files import atomic_savefig, atomic_write
 from fedhet.tracking.console import summarise_matrix
 
 log = logging.getLogger("fedhet")
 
 #: The figure files of a run directory, in the order they are logged.
 FIGURES = ("curves.png", "matrix.png")
+#: Where a run keeps its server's images, one ``<name>.pt`` per image batch name.
+IMAGES_DIR = "images"
+#: Rounds an image figure shows (evenly spread, first and last included).
+IMAGE_ROUNDS = 6
 #: Top-1 headline metrics drawn per scenario kind (the first two of ``fedhet.metrics.report.HEADLINE``).
 CURVE_KEYS = {"domain_shift": ("acc_intra", "acc_inter"), "label_skew": ("acc_local", "acc_global")}
 
@@ -121,6 +135,67 @@ def matrix_figure(matrix: dict[str, Any], path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
+def displayable(images: Tensor) -> Tensor:
+    """Each image scaled to its own 0-255 range, as uint8 ``[n, c, h, w]`` (generated images have no fixed range)."""
+    flat = images.detach().float().cpu().flatten(1)
+    low, high = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
+    scaled = (flat - low) / (high - low).clamp_min(1e-8)
+    return (scaled * 255).round().to(torch.uint8).view_as(images)
+
+
+def load_round_images(path: Path) -> dict[int, Tensor]:
+    """The images a run kept per step (``{}`` when it kept none)."""
+    if not Path(path).is_file():
+        return {}
+    return dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def save_round_images(run_dir: Path, step: int, images: dict[str, Tensor]) -> None:
+    """Add step ``step``'s images to ``images/<name>.pt`` (steps from ``step`` on, left by a killed run, go)."""
+    for name, batch in images.items():
+        path = Path(run_dir) / IMAGES_DIR / f"{name}.pt"
+        kept = {s: b for s, b in load_round_images(path).items() if s < step}
+        kept[step] = displayable(batch)
+        atomic_write(path, lambda handle, kept=kept: torch.save(kept, handle))
+
+
+def evenly_spread(count: int, shown: int = IMAGE_ROUNDS) -> list[int]:
+    """Indices of about ``shown`` evenly spread items of ``count``, first and last included.
+
+    >>> evenly_spread(11, 6), evenly_spread(3, 6)
+    ([0, 2, 4, 6, 8, 10], [0, 1, 2])
+    """
+    if count <= shown:
+        return list(range(count))
+    step = (count - 1) / (shown - 1)
+    return sorted({round(i * step) for i in range(shown)})
+
+
+def images_figure(steps: dict[int, Tensor], path: Path, title: str = "") -> None:
+    """One line per shown step (a few, evenly spread), one column per image (``steps``: uint8 ``[n, c, h, w]``)."""
+    plt = _pyplot()
+    ordered = sorted(steps)
+    shown = [ordered[i] for i in evenly_spread(len(ordered))]
+    columns = max(int(steps[s].shape[0]) for s in shown)
+    fig, axes = plt.subplots(len(shown), columns, figsize=(columns * 0.9, len(shown) * 0.95 + 0.4), squeeze=False)
+    for line, step in enumerate(shown):
+        for column in range(columns):
+            ax = axes[line][column]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if column < steps[step].shape[0]:
+                image = steps[step][column].permute(1, 2, 0).squeeze(-1).numpy()
+                ax.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=255)
+            if line == 0:
+                ax.set_title(str(column), fontsize=8)
+        axes[line][0].set_ylabel(f"round {step + 1}", fontsize=7, rotation=0, labelpad=22)
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    atomic_savefig(fig, path)
+    plt.close(fig)
+
+
 def write_run_figures(run_dir: Path, history: Sequence[dict[str, Any]], summary: dict[str, Any]) -> list[Path]:
     """Draw ``curves.png`` and ``matrix.png`` into ``run_dir``; returns the files written."""
     title = f"{summary.get('method', '')} on {summary.get('scenario', '')}, seed {summary.get('seed', '')}"
@@ -132,12 +207,17 @@ def write_run_figures(run_dir: Path, history: Sequence[dict[str, Any]], summary:
         matrix = Path(run_dir) / "matrix.png"
         matrix_figure(summary["matrix"], matrix, title)
         written.append(matrix)
+    for kept in sorted((Path(run_dir) / IMAGES_DIR).glob("*.pt")):
+        figure = Path(run_dir) / f"images_{kept.stem}.png"
+        images_figure(load_round_images(kept), figure, f"{title}: {kept.stem} by round (columns: image index)")
+        written.append(figure)
     return written
 
 
 def figure_paths(run_dir: Path) -> list[Path]:
     """The figure files present in a run directory."""
-    return [Path(run_dir) / name for name in FIGURES if (Path(run_dir) / name).is_file()]
+    fixed = [Path(run_dir) / name for name in FIGURES if (Path(run_dir) / name).is_file()]
+    return fixed + sorted(Path(run_dir).glob("images_*.png"))
 
 
 class FiguresCallback:
@@ -151,7 +231,13 @@ class FiguresCallback:
         self.run_dir = Path(run_dir)
 
     def on_round_end(self, loop: Any, record: dict[str, Any]) -> None:
-        """Figures are drawn once, at the end."""
+        """Figures are drawn once, at the end; the server's images of the round are kept for them now."""
+        try:
+            images = loop.server.images()
+            if images:
+                save_round_images(self.run_dir, int(record["round"]), images)
+        except Exception as exc:  # a figure is never worth a lost run
+            log.warning("server images not kept (%s: %s)", type(exc).__name__, " ".join(str(exc).split())[:200])
 
     def on_run_end(self, loop: Any, summary: dict[str, Any]) -> None:
         try:

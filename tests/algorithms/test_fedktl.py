@@ -374,3 +374,52 @@ def test_server_loss_is_mmd_plus_centroid_mse_by_hand():
     assert losses["mmd"].item() == pytest.approx(mmd, rel=1e-5)
     assert losses["mse"].item() == pytest.approx(mse, rel=1e-5)
     assert losses["loss"].item() == pytest.approx(mmd + 0.5 * mse, rel=1e-5)
+
+
+# ------------------------------------------------------------------ class-image diagnostics (Fig. 5)
+
+
+def _pairwise_rms_by_hand(images):
+    """Mean RMS distance over ordered pairs of different images, in a double loop."""
+    flat = images.flatten(1).double()
+    distances = [((flat[i] - flat[j]) ** 2).mean().sqrt() for i in range(len(flat)) for j in range(len(flat)) if i != j]
+    return float(sum(distances) / len(distances))
+
+
+def _spread_by_hand(generator):
+    """The unit: 64 random latents of a fixed private RNG, in the clients' image format (size 16, mean/std .5/.25)."""
+    w = generator.sample_w(64, torch.Generator().manual_seed(0))
+    return _pairwise_rms_by_hand(to_client_images(generator.synthesize(w), 16, 3, (0.5,) * 3, (0.25,) * 3))
+
+
+def test_image_separation_and_change_are_in_units_of_the_generator_spread():
+    """Separation = mean pairwise RMS of the class images / spread; change = mean RMS change of the classes in both.
+
+    Round 0 holds classes 0 and 1, round 1 all four: the change compares classes 0 and 1 only, and
+    drawing the unit leaves the run's RNG untouched.
+    """
+    generator = TinyGenerator()
+    server = FedKTLServer(generator, server_epochs=1)
+    server.setup_server(_context())
+    server.aggregate(0, [_upload(0, torch.eye(4), [1, 1, 0, 0])])
+    with seeded(1):
+        _fit(server)
+    spread = _spread_by_hand(generator)
+    first = server.download_for(0).images.clone()
+    state = torch.random.get_rng_state()
+    metrics = server.metrics()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert server.image_spread == pytest.approx(spread, rel=1e-9)
+    assert metrics["image_separation"] == pytest.approx(_pairwise_rms_by_hand(first) / spread, rel=1e-9)
+    assert "image_change" not in metrics  # nothing to compare with in the first round
+    torch.manual_seed(0)
+    server.aggregate(1, [_upload(0, torch.nn.functional.normalize(torch.randn(4, 4), dim=1), [1, 2, 3, 4])])
+    with seeded(2):
+        _fit(server)
+    second = server.download_for(0).images
+    assert second.shape[0] == 4
+    change = [float(((second[c] - first[c]).double() ** 2).mean().sqrt()) for c in (0, 1)]
+    metrics = server.metrics()
+    assert metrics["image_change"] == pytest.approx(sum(change) / 2 / spread, rel=1e-9)
+    assert metrics["image_separation"] == pytest.approx(_pairwise_rms_by_hand(second) / spread, rel=1e-9)
+    assert set(server.images()) == {"class_images"} and torch.equal(server.images()["class_images"], second)
