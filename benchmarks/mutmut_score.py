@@ -285,6 +285,18 @@ EQUIVALENT: dict[str, str] = {
     "the loop always reassigns it",
     "fedhet.algorithms.fedftg.xǁConditionalImageGeneratorǁ__init__: nn.BatchNorm2d(channels, affine=None),":
         "BatchNorm reads affine as a truth value: None, like False, creates no affine parameters",
+    "fedhet.functional.image_statistics.x_mean_rms_change: return (after.double() - before.double()).flatten(1)"
+    ".pow(2).mean(+1).sqrt().mean()": "after flatten(1) the tensor is 2-D: dim 1 is dim -1",
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLǁetf: seed = derive_seed(self.hp.shared_seed, {args})": "the ETF's seed "
+       "stream only needs to be fixed and the same on every party (the paper names none): any fixed derivation from "
+       "shared_seed gives an equally valid ETF (shared_seed's part is tested)"
+       for args in ('"fedktl-etf", None, dim', '"fedktl-etf", num_classes, None', "num_classes, dim",
+                    '"fedktl-etf", dim', '"fedktl-etf", num_classes, ', '"fedktl-etf", num_classes',
+                    '"XXfedktl-etfXX", num_classes, dim', '"FEDKTL-ETF", num_classes, dim')},
+    "fedhet.algorithms.fedktl.xǁFedKTLClientǁnext_pairs: assert self.pair_images is not None or "
+    "self.pair_latents is not None": "an assertion: on_receive sets the images and latents together",
+    "fedhet.algorithms.fedktl.xǁFedKTLServerǁserver_state: if self.pair_images is not None or "
+    "self.pair_latents is not None:": "finish_round and load_server_state set the images and latents together",
     "fedhet.algorithms.fedmdcg.xǁFedMDCGClientǁramp: return ramp_weight(self.round_idx, max(self.total_rounds, 2), "
     "self.hp.ramp, self.hp.ramp_power)": "the guard differs only for total_rounds 1 with round_idx >= 1, which no run "
     "reaches (round_idx < total_rounds; a client alone has 1 and 0): ramp 0 either way",

@@ -101,7 +101,7 @@ class Claim:
     """A claim of a paper checked on the page: ``better``'s metric above ``than``'s, paired over seeds.
 
     ``than_key`` compares with another number of the ``than`` row (the same row, even): "the class
-    images are more separated at the last round than at the first" is ``final/x`` against ``round1/x``.
+    images are more separated at the last round than at the first" is ``last/x`` against ``round1/x``.
     """
 
     claim: str
@@ -1123,6 +1123,7 @@ def grid_command(
     """
     grid = parse_grid(grid_path)
     root = Path(out) if out is not None else grid.out
+    grid = replace(grid, out=root)  # the page reads this bench's run directories (an images figure among them)
     studies = studies_from_json(from_json) if from_json is not None and grid.tuning is not None else {}
     recorded = records_from_json(from_json, grid.cells()) if from_json is not None else {}
     tuned = [r for r in grid.rows if grid.tuning is not None and grid.tuned(r)

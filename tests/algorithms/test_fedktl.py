@@ -147,6 +147,15 @@ def test_pairs_stream_gives_full_batches_and_covers_every_pair():
     assert client.pair_latents is None
 
 
+def test_pairs_stream_is_a_sequence_of_whole_passes():
+    """Five pairs drawn two at a time: every run of five consecutive pairs is one pass, each pair once."""
+    client = _client()
+    client.on_receive(GeneratedPairsPayload(images=torch.randn(5, 3, 16, 16), latents=torch.arange(30.0).view(5, 6)))
+    with seeded(0):
+        drawn = torch.cat([client.next_pairs(2)[1][:, 0] for _ in range(5)])
+    assert drawn[:5].sort().values.tolist() == drawn[5:].sort().values.tolist() == [0.0, 6.0, 12.0, 18.0, 24.0]
+
+
 def test_client_rejects_pairs_of_wrong_latent_size():
     """Pairs whose latents do not match h'_i's output size are refused."""
     client = _client()
@@ -252,6 +261,25 @@ def test_server_state_round_trips_without_the_generator():
     restored.load_server_state(state)
     assert torch.equal(restored.download_for(0).images, server.download_for(0).images)
     assert torch.equal(restored.centroids.weight, server.centroids.weight)
+
+
+def test_server_state_before_any_pairs_round_trips_and_shows_no_images():
+    """A server checkpointed before its first pairs (round 0) restores without them and has no images to show."""
+    server = FedKTLServer(TinyGenerator())
+    server.setup_server(_context())
+    assert server.images() == {} and server.download_for(0) is None
+    state = server.server_state()
+    assert "pair_images" not in state and "pair_latents" not in state
+    restored = FedKTLServer(TinyGenerator())
+    restored.setup_server(_context())
+    restored.load_server_state(state)
+    assert restored.pair_images is None and restored.pair_latents is None and restored.images() == {}
+
+
+def test_the_etf_follows_shared_seed():
+    """Every party builds the same ETF from shared_seed; another shared_seed gives another ETF."""
+    assert torch.equal(FedKTL(shared_seed=3).etf(4), FedKTL(shared_seed=3).etf(4))
+    assert not torch.allclose(FedKTL(shared_seed=3).etf(4), FedKTL(shared_seed=4).etf(4))
 
 
 def test_to_client_images_hand_values():
