@@ -26,6 +26,15 @@ Usage (results accumulate in ``--out``, one entry per file, so files can be run 
     python benchmarks/mutmut_score.py --all --skip-done     # only files not in --out yet
     python benchmarks/mutmut_score.py --report              # the markdown table of --out
     python benchmarks/mutmut_score.py --survivors fedhet/functional/fccl.py   # their diffs
+    python benchmarks/mutmut_score.py fedhet/algorithms/fedktl.py --minutes 50 --resume   # in chunks
+
+A file too slow for one sitting (``fedktl.py``: about 100 minutes) runs in chunks: ``--minutes``
+stops mutmut after that long and keeps its workspace under ``--workspace`` (default
+``runs/mutmut``, kept between sessions on one machine) instead of deleting it, and ``--resume``
+goes on in that workspace, where mutmut skips the mutants it has decided. A workspace is reused only
+while the source file and the tests it runs (its own test files and the shared test helpers) are
+byte for byte those it started with; any change there starts the file again, so every verdict of
+a recorded score comes from the same source and the same tests.
 """
 
 from __future__ import annotations
@@ -37,7 +46,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -358,6 +366,31 @@ def mutmut_section(source: str, tests: list[str]) -> str:
     ])  # fmt: skip
 
 
+#: test helpers every test file of algorithms/ may import: part of what a resumed workspace must not change
+SHARED_TEST_FILES = ("tests/conftest.py", "tests/algorithms/conftest.py", "tests/algorithms/helpers.py",
+                     "tests/algorithms/oracle.py")
+
+
+def fingerprint(source: str) -> str:
+    """SHA-256 over ``source`` and the test files its mutants run (a resumed workspace must match it)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in (source, *own_tests(source), *SHARED_TEST_FILES):
+        path = ROOT / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"") + b"\0")
+    return digest.hexdigest()
+
+
+def resumable(source: str, base: Path) -> Path | None:
+    """The kept workspace of ``source`` when it was made from the same source and tests, else None."""
+    repo = base / source.replace("/", "__").removesuffix(".py") / "repo"
+    stamp = repo.parent / "fingerprint"
+    if not (repo / "mutants" / f"{source}.meta").exists() or not stamp.exists():
+        return None
+    return repo if stamp.read_text().strip() == fingerprint(source) else None
+
+
 def workspace(source: str, base: Path) -> Path:
     """A fresh copy of the project with ``../shared`` linked beside it, set up to mutate ``source``."""
     slug = source.replace("/", "__").removesuffix(".py")
@@ -372,6 +405,7 @@ def workspace(source: str, base: Path) -> Path:
         shutil.rmtree(cache)
     with open(repo / "pyproject.toml", "a") as pyproject:
         pyproject.write(mutmut_section(source, own_tests(source)))
+    (repo.parent / "fingerprint").write_text(fingerprint(source) + "\n")
     return repo
 
 
@@ -398,19 +432,39 @@ def score(entry: dict) -> float | None:
     return None if killed + survived == 0 else killed / (killed + survived)
 
 
-def run_file(source: str, base: Path, max_children: int) -> dict:
-    """Run mutmut over ``source`` against its own tests; return counts, survivors and their diffs."""
-    repo = workspace(source, base)
+def run_file(source: str, base: Path, max_children: int, minutes: float | None = None,
+             resume: bool = False) -> dict:  # fmt: skip
+    """Run mutmut over ``source`` against its own tests; return counts, survivors and their diffs.
+
+    With ``minutes``, mutmut is stopped after that long and the entry says how many mutants are
+    decided (``partial``); the workspace stays for ``resume``. A resumed file adds the seconds of
+    its earlier chunks.
+    """
+    kept = resumable(source, base) if resume else None
+    repo = kept or workspace(source, base)
+    earlier = float((repo.parent / "seconds").read_text()) if kept and (repo.parent / "seconds").exists() else 0.0
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     started = time.perf_counter()
-    with open(repo.parent / "mutmut.log", "w") as log:
-        run = subprocess.run(["mutmut", "run", "--max-children", str(max_children)], cwd=repo, env=env,
-                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    seconds = time.perf_counter() - started
+    with open(repo.parent / "mutmut.log", "a") as log:
+        process = subprocess.Popen(["mutmut", "run", "--max-children", str(max_children)], cwd=repo, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            returncode = process.wait(timeout=None if minutes is None else minutes * 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)  # mutmut and the forkserver's children; its meta keeps what it decided
+            process.wait()
+            returncode = None
+    seconds = earlier + time.perf_counter() - started
+    (repo.parent / "seconds").write_text(f"{seconds:.1f}\n")
     meta = repo / "mutants" / f"{source}.meta"
-    if run.returncode != 0 or not meta.exists():
+    if returncode is None:
+        decided = sum(status != "not checked" for status in statuses(repo, source).values()) if meta.exists() else 0
+        total = len(statuses(repo, source)) if meta.exists() else 0
+        return {"partial": True, "decided": decided, "total": total, "seconds": round(seconds, 1),
+                "next": f"python benchmarks/mutmut_score.py {source} --resume"}  # fmt: skip
+    if returncode != 0 or not meta.exists():
         tail = (repo.parent / "mutmut.log").read_text()[-2000:]
-        return {"error": f"mutmut exited {run.returncode}", "log_tail": tail, "seconds": round(seconds, 1)}
+        return {"error": f"mutmut exited {returncode}", "log_tail": tail, "seconds": round(seconds, 1)}
     by_name = statuses(repo, source)
     counts: dict[str, int] = {}
     for status in by_name.values():
@@ -418,14 +472,14 @@ def run_file(source: str, base: Path, max_children: int) -> dict:
     survivors = {name: show(repo, name) for name, status in sorted(by_name.items())
                  if status in ("survived", "no tests")}  # fmt: skip
     entry = {"tests": own_tests(source), "counts": counts, "seconds": round(seconds, 1),
-             "survivors": survivors, "tool": f"mutmut {MUTMUT_VERSION}", "date": time.strftime("%Y-%m-%d")}
-    shutil.rmtree(repo.parent)
+             "survivors": survivors, "tool": f"mutmut {MUTMUT_VERSION}", "date": time.strftime("%Y-%m-%d"),
+             **({"chunks": True} if kept else {})}
     return judged(entry)
 
 
 def judged(entry: dict) -> dict:
     """``entry`` with its survivors judged by today's rules (``equivalent``, with reasons) and its score."""
-    if "error" in entry:
+    if "error" in entry or entry.get("partial"):
         return entry
     reasons = {name: equivalence_reason(name, diff) for name, diff in entry["survivors"].items()}
     entry["equivalent"] = {name: reason for name, reason in reasons.items() if reason}
@@ -445,6 +499,10 @@ def report(results: dict) -> str:
     for source, entry in sorted(results.items()):
         if "error" in entry:
             lines.append(f"| `{source}` | {entry['error']} | | | | | | | |")
+            continue
+        if entry.get("partial"):
+            lines.append(f"| `{source}` | {entry['total']} (in chunks: {entry['decided']} decided so far) "
+                         "| | | | | | not yet | |")
             continue
         counts, value = entry["counts"], entry["score"]
         shown = "n/a" if value is None else f"{100 * value:.0f}%"
@@ -484,6 +542,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results/mutmut_score.json")
     parser.add_argument("--max-children", type=int, default=1, help="mutants run at once (one per core)")
     parser.add_argument("--report", action="store_true", help="print the markdown table of --out and stop")
+    parser.add_argument("--minutes", type=float, help="stop each file after this long; --resume goes on")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on in a file's kept workspace (same source and tests), else start it afresh")
+    parser.add_argument("--workspace", type=Path, default=ROOT / "runs" / "mutmut",
+                        help="where the files' workspaces are built and kept between chunks")
     parser.add_argument("--survivors", metavar="FILE", 
                         help="print the surviving mutants of FILE not judged equivalent and stop")
     args = parser.parse_args()
@@ -510,12 +573,17 @@ def main() -> None:
     if unknown or not files:
         sys.exit(f"error: {unknown or 'no files'}: name files under {' or '.join(MUTATED)}, or pass --all")
     if args.skip_done:
-        files = [f for f in files if f not in results]
-    base = Path(tempfile.gettempdir()) / "fedhet-mutmut"
+        files = [f for f in files if f not in results or results[f].get("partial")]
     for source in files:
-        entry = run_file(source, base, args.max_children)
+        entry = run_file(source, args.workspace, args.max_children, args.minutes, args.resume)
         results[source] = entry
         save(args.out, results)
+        if entry.get("partial"):
+            print(f"{source}: stopped after {args.minutes} min, {entry['decided']} of {entry['total']} mutants "
+                  f"decided; go on with '{entry['next']}'", flush=True)  # fmt: skip
+            continue
+        if "error" not in entry:
+            shutil.rmtree(args.workspace / source.replace("/", "__").removesuffix(".py"), ignore_errors=True)
         shown = entry.get("error") or f"{entry['counts']} score {entry['score']}"
         print(f"{source}: {shown} ({entry['seconds']} s)", flush=True)
 
