@@ -301,6 +301,33 @@ EQUIVALENT: dict[str, str] = {
        for args in ('"fedktl-etf", None, dim', '"fedktl-etf", num_classes, None', "num_classes, dim",
                     '"fedktl-etf", dim', '"fedktl-etf", num_classes, ', '"fedktl-etf", num_classes',
                     '"XXfedktl-etfXX", num_classes, dim', '"FEDKTL-ETF", num_classes, dim')},
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLClientǁ{where}: {line}": "the pair stream's cursor is set to 0 before "
+       "its first use: next_pairs draws a new order whenever the order is None, which it is here"
+       for where, line in (("__init__", "self._pair_cursor = None"), ("__init__", "self._pair_cursor = 1"),
+                           ("on_train_start", "self._pair_order, self._pair_cursor = None, 1"))},
+    "fedhet.algorithms.fedktl.xǁFedKTLClientǁ__init__: self.pair_images: Tensor | None = \"\"": "nothing reads "
+    "pair_images before on_receive sets it with the latents (every use is guarded by pair_latents)",
+    "fedhet.algorithms.fedktl.xǁFedKTLClientǁ__init__: self.register_buffer(\"etf\", etf.detach().clone().float(), "
+    "persistent=None)": "register_buffer reads persistent as a truth value: None, like False, keeps it out of "
+    "the state dict",
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLClientǁon_train_start: {line}": "on_receive sets the images and "
+       "latents together, so the moved branch runs exactly when both are set; moving to the device is a no-op on "
+       "a CPU-only machine (benchmarks/gpu_check.py runs FedKTL on cuda)"
+       for line in ("if self.pair_images is not None or self.pair_latents is not None:",
+                    "if self.pair_images is None and self.pair_latents is not None:",
+                    "if self.pair_images is not None and self.pair_latents is None:",
+                    "self.pair_images = self.pair_images.to(None)", "self.pair_latents = self.pair_latents.to(None)")},
+    "fedhet.algorithms.fedktl.xǁFedKTLClientǁnext_pairs: index = torch.cat(picked).to(None)": "an index "
+    "built on the CPU is already on the pairs' device on a CPU-only machine (benchmarks/gpu_check.py runs cuda)",
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLServerǁconfigure_optimizers: {line}": "Adam's defaults are "
+       "betas (0.9, 0.999), eps 1e-8 and weight decay 0: the arguments restate them (as the authors' code does)"
+       for line in ("return torch.optim.Adam(params, lr=self.hp.server_lr, eps=1e-8, weight_decay=0.0)",
+                    "return torch.optim.Adam(params, lr=self.hp.server_lr, betas=(0.9, 0.999), weight_decay=0.0)",
+                    "return torch.optim.Adam(params, lr=self.hp.server_lr, betas=(0.9, 0.999), eps=1e-8, )")},
+    "fedhet.algorithms.fedktl.xǁFedKTLServerǁconfigure_optimizers: assert self.transformer is not None or "
+    "self.centroids is not None": "an assertion: setup_server builds the transformer and the centroids together",
+    "fedhet.algorithms.fedktl.xǁFedKTLServerǁdownload_for: if self.pair_images is None and self.pair_latents "
+    "is None:": "finish_round and load_server_state set the images and latents together",
     "fedhet.algorithms.fedktl.xǁFedKTLClientǁnext_pairs: assert self.pair_images is not None or "
     "self.pair_latents is not None": "an assertion: on_receive sets the images and latents together",
     "fedhet.algorithms.fedktl.xǁFedKTLServerǁserver_state: if self.pair_images is not None or "

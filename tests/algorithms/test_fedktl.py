@@ -268,6 +268,7 @@ def test_server_state_before_any_pairs_round_trips_and_shows_no_images():
     server = FedKTLServer(TinyGenerator())
     server.setup_server(_context())
     assert server.images() == {} and server.download_for(0) is None
+    assert server.metrics() == {"prototypes": 0.0}  # no losses, no spreads before anything was generated
     state = server.server_state()
     assert "pair_images" not in state and "pair_latents" not in state
     restored = FedKTLServer(TinyGenerator())
@@ -292,6 +293,29 @@ def test_to_client_images_hand_values():
     rgb = to_client_images(generated, image_size=4, channels=3, mean=(0.5,) * 3, std=(0.25,) * 3)
     assert rgb.shape == (1, 3, 4, 4)
     assert torch.allclose(rgb[0, :, 0, 0], torch.tensor([2.0, 2.0, -2.0]))
+
+
+def test_to_client_images_clamps_resizes_antialiased_and_converts_grey():
+    """Outside [-1, 1] is clamped, resizing is antialiased bilinear, grey becomes RGB, 2 channels are refused.
+
+    A 2x downscale is a triangle filter of support 2 with pixel centres not aligned; non-square images
+    are resized too.
+    """
+    clamped = to_client_images(torch.tensor([1.5, -1.5, 1.5, -1.5]).view(1, 1, 2, 2), 2, 1, (0.5,), (0.25,))
+    assert clamped[0, 0, 0].tolist() == [2.0, -2.0]  # 1.25 -> 1, -0.25 -> 0; then (v - 0.5) / 0.25
+    # each row a ramp 0, 1/3, 2/3, 1 after the [0, 1] map; output pixel 0 is centred on input 0.5, so its
+    # weights on pixels 0, 1, 2 are 1 - |d| / 2 = 3/4, 3/4, 1/4: (0 + 3/4 * 1/3 + 1/4 * 2/3) / (7/4) = 5/21,
+    # and output pixel 1 (centre 2.5) on pixels 1, 2, 3: (1/4 * 1/3 + 3/4 * 2/3 + 3/4) / (7/4) = 16/21
+    ramp = (2 * torch.arange(4.0) / 3 - 1).view(1, 1, 1, 4).expand(1, 1, 4, 4)
+    small = to_client_images(ramp, 2, 1, (0.0,), (1.0,))
+    assert torch.allclose(small[0, 0], torch.tensor([[5 / 21, 16 / 21]] * 2), atol=1e-6)
+    assert to_client_images(torch.zeros(1, 1, 4, 8), 4, 1, (0.0,), (1.0,)).shape == (1, 1, 4, 4)
+    assert to_client_images(torch.zeros(1, 1, 8, 4), 4, 1, (0.0,), (1.0,)).shape == (1, 1, 4, 4)
+    # grey 0 -> 0.5 in every channel, normalised per channel: (0.5 - 0.5) / 0.25, (0.5 - 0.25) / 0.25, 0.5 / 0.5
+    rgb = to_client_images(torch.zeros(2, 1, 3, 3), 3, 3, (0.5, 0.25, 0.0), (0.25, 0.25, 0.5))
+    assert rgb.shape == (2, 3, 3, 3) and torch.equal(rgb[:, :, 1, 2], torch.tensor([[0.0, 1.0, 1.0]] * 2))
+    with pytest.raises(TrainingError, match="^cannot convert 2-channel generated images to 3 channels$"):
+        to_client_images(torch.zeros(1, 2, 3, 3), 3, 3, (0.5,) * 3, (0.25,) * 3)
 
 
 # ------------------------------------------------------------------ whole runs (ablation switches)
@@ -451,3 +475,155 @@ def test_image_separation_and_change_are_in_units_of_the_generator_spread():
     assert metrics["image_change"] == pytest.approx(sum(change) / 2 / spread, rel=1e-9)
     assert metrics["image_separation"] == pytest.approx(_pairwise_rms_by_hand(second) / spread, rel=1e-9)
     assert set(server.images()) == {"class_images"} and torch.equal(server.images()["class_images"], second)
+
+
+# ------------------------------------------------------------------ what a first mutation pass found untested
+
+
+def test_shared_linear_init_is_nn_linears_uniform_bound():
+    """Weight and bias are U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from the seed alone (nn.Linear's default rule)."""
+    weight, bias = shared_linear_init(16, 400, seed=5)
+    again, _ = shared_linear_init(16, 400, seed=5)
+    bound = 1 / 16**0.5  # 0.25
+    assert torch.equal(weight, again) and weight.shape == (400, 16) and bias.shape == (400,)
+    for values in (weight, bias):
+        assert float(values.abs().max()) <= bound
+        assert float(values.max()) > 0.9 * bound and float(values.min()) < -0.9 * bound
+
+
+def test_mean_prototypes_are_plain_class_means_of_the_projection():
+    """prototype_mode 'mean' (the paper's Eq.): the class means of h_i(f_i(x)), and the counts of each class."""
+    client = _client(prototype_mode="mean")
+    client.eval()
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 3, 16, 16), torch.tensor([0, 2, 0, 2, 3])
+    with torch.no_grad():
+        _, projected = client.embed(x)
+        upload = client.make_upload([(x[:3], y[:3]), (x[3:], y[3:])])
+    expected = torch.zeros(4, 4)
+    for c in (0, 2, 3):
+        expected[c] = projected[y == c].mean(0)
+    assert torch.allclose(upload.values[[0, 2, 3]], expected[[0, 2, 3]], atol=1e-6)
+    assert upload.counts.tolist() == [2, 0, 2, 1]
+    with pytest.raises(TrainingError, match="^a FedKTL client without training data cannot upload prototypes$"):
+        client.make_upload([])
+
+
+def test_projection_head_has_the_etf_dimension():
+    """h_i maps features to K = etf_dim (not the class count) when the ETF is K x C with K != C."""
+    model = create_model("cnn_tiny", num_classes=4, in_channels=3, seed=0, feature_dim=16)
+    etf = simplex_etf(4, 6, torch.Generator().manual_seed(0))
+    client = FedKTLClient(model, 4, etf=etf, latent_dim=6, latent_head_seed=1)
+    assert client.model.head.out_features == 6 and client.etf.shape == (6, 4)
+    assert "etf" not in client.state_dict()  # rebuilt from the shared seed, never stored
+    with pytest.raises(ValueError, match=r"^ETF of shape \(6, 4\) for 3 classes$"):
+        FedKTLClient(create_model("cnn_tiny", num_classes=3, in_channels=3, seed=0, feature_dim=16), 3, etf=etf,
+                     latent_dim=6, latent_head_seed=1)
+
+
+def test_classification_loss_uses_the_configured_margin():
+    """The ArcFace margin is the client's, not arcface_logits' default."""
+    from fedhet.functional import arcface_logits, etf_cosines
+
+    client = _client(margin=0.2, scale=8.0)
+    projected, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
+    expected = torch.nn.functional.cross_entropy(arcface_logits(etf_cosines(projected, client.etf), y, 8.0, 0.2), y)
+    assert torch.allclose(client.classification_loss(projected, y), expected)
+
+
+def test_a_fresh_fit_clears_the_latent_heads_optimizer_state():
+    """on_train_start drops h'_i's optimizer state (a fresh h'_i) and keeps the model's."""
+    client = _client()
+    optimizer = torch.optim.Adam(list(client.model.parameters()) + list(client.latent_head.parameters()))
+    for parameter in optimizer.param_groups[0]["params"]:
+        optimizer.state[parameter] = {"step": torch.tensor(3.0)}
+    client._trainer = type("T", (), {"optimizers": [optimizer]})()
+    client.on_train_start()
+    kept = set(optimizer.state)
+    assert not any(p in kept for p in client.latent_head.parameters())
+    assert all(p in kept for p in client.model.parameters())
+
+
+def test_server_rejects_prototypes_of_classes_not_held_or_of_another_dtype():
+    """Counts above what the client holds, or float64 values, are refused naming the client."""
+    server = FedKTLServer(TinyGenerator())
+    server.setup_server(dataclasses.replace(_context(), label_counts=torch.tensor([[3, 2, 0, 0], [0, 5, 1, 7]])))
+    good = torch.nn.functional.normalize(torch.randn(4, 4), dim=1)
+    server.check_upload(_upload(0, good, [3, 2, 0, 0]))
+    with pytest.raises(TrainingError, match="client 0"):
+        server.check_upload(_upload(0, good, [3, 2, 1, 0]))  # class 2: client 0 holds none
+    with pytest.raises(TrainingError, match="client 1.*float64|float64.*client 1"):
+        server.check_upload(_upload(1, good.double(), [0, 5, 1, 7]))
+    with pytest.raises(TrainingError, match="ClassStatsPayload prototypes"):
+        server.check_upload(ClientUpload(0, "a", GeneratedPairsPayload(images=torch.zeros(1, 3, 2, 2),
+                                                                       latents=torch.zeros(1, 6))))
+
+
+def test_server_batches_follow_the_seed_and_drop_single_prototypes():
+    """E_S passes of index batches: the same seed the same order, size-1 tails dropped; no image format, no data."""
+    server = FedKTLServer(TinyGenerator(), server_epochs=2, server_batch_size=2)
+    server.setup_server(_context())
+    server.aggregate(0, [_upload(0, torch.nn.functional.normalize(torch.randn(4, 4), dim=1), [1, 1, 1, 0])])
+    batches = [b.tolist() for b in server.server_dataloader(7)]
+    assert len(batches) == 2 and all(len(b) == 2 for b in batches)  # 3 prototypes: [2, (1 dropped)] per pass
+    assert batches == [b.tolist() for b in server.server_dataloader(7)]
+    orders = {tuple(map(tuple, (b.tolist() for b in server.server_dataloader(seed)))) for seed in range(6)}
+    assert len(orders) > 1
+    bare = FedKTLServer(TinyGenerator())
+    bare.setup_server(dataclasses.replace(_context(), data_format=None))
+    with pytest.raises(TrainingError, match="^FedKTL's server needs the scenario's image format in its context$"):
+        bare.server_dataloader(0)
+
+
+def test_server_metrics_are_round_means_and_need_two_classes_for_spreads():
+    """Losses are per-step means; centroid and image spreads appear only with two or more classes."""
+    server = _fitted_server(TinyGenerator())
+    metrics = server.metrics()
+    assert server._steps == 2 and metrics["loss"] == pytest.approx(server._sums["loss"] / 2)
+    assert metrics["centroid_spread"] == pytest.approx(float(torch.pdist(server.pair_latents).mean()))
+    single = FedKTLServer(TinyGenerator(), server_epochs=1)
+    single.setup_server(_context())
+    single.aggregate(0, [_upload(0, torch.eye(4), [1, 0, 0, 0])] * 2)
+    with seeded(1):
+        _fit(single)
+    assert len(single.pair_latents) == 1
+    assert "centroid_spread" not in single.metrics() and "image_separation" not in single.metrics()
+
+
+def test_pairs_payload_checks_its_shapes_naming_the_sender():
+    """Images must be [n>0, ch, h, w] and latents [n, H]; the error names who sent them."""
+    good = GeneratedPairsPayload(images=torch.zeros(2, 3, 4, 4), latents=torch.zeros(2, 6))
+    good.validate_pairs(6)
+    with pytest.raises(TrainingError, match=r"^server sent generated images of shape \(3, 4, 4\), expected"):
+        GeneratedPairsPayload(images=torch.zeros(3, 4, 4), latents=torch.zeros(3, 6)).validate_pairs(6)
+    with pytest.raises(TrainingError, match=r"^relay sent generated images of shape \(0, 3, 4, 4\)"):
+        GeneratedPairsPayload(images=torch.zeros(0, 3, 4, 4), latents=torch.zeros(0, 6)).validate_pairs(6, "relay")
+    with pytest.raises(TrainingError, match="server.*latents"):
+        good.validate_pairs(5)
+    with pytest.raises(TrainingError, match="server"):
+        nan_images = torch.full((2, 3, 4, 4), float("nan"))
+        GeneratedPairsPayload(images=nan_images, latents=torch.zeros(2, 6)).validate_pairs(6)
+
+
+def test_the_declared_generator_is_loaded_once_and_the_untrained_one_warns(monkeypatch, caplog):
+    """build_server and build_client share one generator, loaded by its declared name; 'untrained' warns."""
+    import logging
+
+    loaded = []
+    monkeypatch.setattr(fedktl, "_load_generator", lambda name: loaded.append(name) or TinyGenerator())
+    model = create_model("cnn_tiny", num_classes=4, in_channels=3, seed=0, feature_dim=16)
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        method = FedKTL(generator="embedded-stylegan")
+        method.build_server(), method.build_client(model, 4)
+        assert loaded == ["embedded-stylegan"] and not caplog.records
+        FedKTL(generator="untrained").build_server()
+    assert loaded[-1] == "untrained"
+    assert [r.getMessage() for r in caplog.records] == [
+        "FedKTL uses the untrained generator: fine for tests, but it does not reproduce the paper"]
+
+
+def test_the_latent_head_follows_shared_seed(tiny_generator):
+    """h'_i's shared initialisation comes from shared_seed: another seed, another h'_i."""
+    model = create_model("cnn_tiny", num_classes=4, in_channels=3, seed=0, feature_dim=16)
+    heads = [FedKTL(shared_seed=s).build_client(model, 4).latent_head.weight for s in (1, 1, 2)]
+    assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])
