@@ -279,12 +279,20 @@ def test_an_interrupt_leaves_the_running_trial_to_resume_not_failed(tmp_path, fa
 
     study = RowStudy("a", FEDAVG, (), _plan(trials=3, flags=("--rounds=1", "--pause=0.5")), tmp_path / "runs",
                      "tune/page/a")  # fmt: skip
-    timer = threading.Timer(0.5, STOP.set)
-    timer.start()
+    started = threading.Event()
+
+    def stop_once_the_first_trial_runs() -> None:  # not on a timer: a slow machine may not have started it yet
+        while not started.is_set() and not study.run_dir(0).exists():
+            started.wait(0.01)
+        STOP.set()
+
+    stopper = threading.Thread(target=stop_once_the_first_trial_runs)
+    stopper.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             study.run(dict(__import__("os").environ), echo=lambda _: None)
     finally:
-        timer.cancel()
+        started.set()
+        stopper.join()
         STOP.clear()
     assert [t.state for t in study.study(0).get_trials(deepcopy=False)] == [TrialState.RUNNING]
