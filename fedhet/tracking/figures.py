@@ -150,12 +150,19 @@ def load_round_images(path: Path) -> dict[int, Tensor]:
     return dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
-def save_round_images(run_dir: Path, step: int, images: dict[str, Tensor]) -> None:
-    """Add step ``step``'s images to ``images/<name>.pt`` (steps from ``step`` on, left by a killed run, go)."""
+def save_round_images(run_dir: Path, step: int, images: dict[str, Tensor],
+                      cache: dict[str, dict[int, Tensor]] | None = None) -> None:  # fmt: skip
+    """Add step ``step``'s images to ``images/<name>.pt`` (steps from ``step`` on, left by a killed run, go).
+
+    ``cache`` (name -> steps) holds what the file holds, so a run reads each file once, not every round.
+    """
     for name, batch in images.items():
         path = Path(run_dir) / IMAGES_DIR / f"{name}.pt"
-        kept = {s: b for s, b in load_round_images(path).items() if s < step}
+        known = cache.get(name) if cache is not None and name in cache else load_round_images(path)
+        kept = {s: b for s, b in known.items() if s < step}
         kept[step] = displayable(batch)
+        if cache is not None:
+            cache[name] = kept
         atomic_write(path, lambda handle, kept=kept: torch.save(kept, handle))
 
 
@@ -229,13 +236,14 @@ class FiguresCallback:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
+        self.kept_images: dict[str, dict[int, Tensor]] = {}  # what images/<name>.pt holds, read once per run
 
     def on_round_end(self, loop: Any, record: dict[str, Any]) -> None:
         """Figures are drawn once, at the end; the server's images of the round are kept for them now."""
         try:
             images = loop.server.images()
             if images:
-                save_round_images(self.run_dir, int(record["round"]), images)
+                save_round_images(self.run_dir, int(record["round"]), images, self.kept_images)
         except Exception as exc:  # a figure is never worth a lost run
             log.warning("server images not kept (%s: %s)", type(exc).__name__, " ".join(str(exc).split())[:200])
 
