@@ -118,9 +118,10 @@ class FedTGPClient(FedProtoClient):
         features, logits = self.statistic_and_logits(x)
         loss = F.cross_entropy(logits, y)
         if self.global_means is not None and self.global_present is not None:
-            known = self.global_present.to(y.device)[y]
+            means, present = self.global_on(features.device)
+            known = present[y]
             if bool(known.any()):
-                targets = self.global_means.to(features.device)[y[known]]
+                targets = means[y[known]]
                 distance = self.hp.prototype_distance
                 loss = loss + self.hp.lam * prototype_alignment_loss(features[known], targets, distance)
         return loss
@@ -129,8 +130,8 @@ class FedTGPClient(FedProtoClient):
         if self.hp.prediction == "head" or self.global_means is None or self.global_present is None:
             return self.model(x)
         features = self.model.forward_features(x)
-        scores = -pairwise_distances(features, self.global_means.to(features.device)).pow(2)
-        return scores.masked_fill(~self.global_present.to(features.device), float("-inf"))
+        means, present = self.global_on(features.device)
+        return (-pairwise_distances(features, means).pow(2)).masked_fill(~present, float("-inf"))
 
 
 class FedTGPServer(PrototypeTrainingServer):

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
@@ -89,20 +90,46 @@ def cache_callback_discovery() -> None:
     _DISCOVERY_CACHED = True
 
 
-class ResidentDeviceStrategy(SingleDeviceStrategy):
-    """A single-device strategy that does not move a module that is already where it should be.
+class CachingCUDAAccelerator(CUDAAccelerator):
+    """Lightning's CUDA accelerator without emptying PyTorch's caching allocator around every fit.
 
-    Lightning's strategy moves the module to the device when a fit starts and back to the CPU
-    when it ends: two walks over every parameter and buffer, a few milliseconds per fit for the
-    small models of many-client simulations, paid once per client per round for nothing when
-    everything lives on the CPU. On an accelerator the module still returns to the CPU at the
-    end of a fit, exactly as in Lightning. It also lays the module out in the template's
-    ``memory_format`` (:func:`apply_memory_format`), so server stages get it as clients do.
+    Lightning's ``CUDAAccelerator`` calls ``torch.cuda.empty_cache()`` (and frees cuBLAS's
+    workspaces) when a fit starts and again when it ends. A run makes one fit per client and
+    round, so every client began with an empty cache and paid a ``cudaMalloc`` for each
+    activation, gradient and optimizer buffer of its first steps, buffers the previous client
+    had just released: on an H200 fedhet's sequential round took 2x a plain PyTorch loop's
+    (``benchmarks/gpu_round.py``). Keeping the cache is what a plain loop does; memory a run no
+    longer needs is still reused by the next fit, and ``torch.cuda.empty_cache()`` stays
+    available to anyone who needs the memory back.
     """
 
-    def __init__(self, *args: Any, memory_format: MemoryFormat = "contiguous", **kwargs: Any) -> None:
+    def setup(self, trainer: pl.Trainer) -> None:
+        self.set_nvidia_flags(trainer.local_rank)
+
+    def teardown(self) -> None:
+        """Nothing to release: the allocator's cached blocks serve the next fit."""
+
+
+class ResidentDeviceStrategy(SingleDeviceStrategy):
+    """A single-device strategy that leaves a module where it trained.
+
+    Lightning's strategy moves the module to the device when a fit starts and back to the CPU
+    when it ends: two walks over every parameter and buffer, paid once per client per round.
+    Here a module already on the device is not moved, and with ``keep_on_device`` (client fits)
+    it stays on the device after the fit: the runtime's live module of an architecture serves
+    one client after another there, with only the client's state copied in and out (as
+    evaluation and uploads already left it). Server stages (``keep_on_device=False``) return to
+    the CPU as in Lightning, because server code goes on to use their modules beside CPU
+    tensors. It also lays the module out in the template's ``memory_format``
+    (:func:`apply_memory_format`), so server stages get it as clients do.
+    """
+
+    def __init__(
+        self, *args: Any, memory_format: MemoryFormat = "contiguous", keep_on_device: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.memory_format: MemoryFormat = memory_format
+        self.keep_on_device = keep_on_device
 
     def model_to_device(self) -> None:
         assert self.model is not None
@@ -112,10 +139,11 @@ class ResidentDeviceStrategy(SingleDeviceStrategy):
         apply_memory_format(self.model, self.memory_format)
 
     def teardown(self) -> None:
-        if self.root_device.type != "cpu":
+        if self.root_device.type != "cpu" and not self.keep_on_device:
             super().teardown()
             return
-        # Strategy.teardown minus moving the (CPU) module and optimizers to the CPU.
+        # Strategy.teardown minus moving the module and optimizers to the CPU: the optimizers are
+        # dropped with the Trainer (OptimizerStateCarrier kept CPU copies of their states).
         self.precision_plugin.teardown()
         assert self.accelerator is not None
         self.accelerator.teardown()
@@ -124,6 +152,9 @@ class ResidentDeviceStrategy(SingleDeviceStrategy):
 
 class TrainerTemplate:
     """The familiar Trainer keys for every client fit (and server phase) of a run.
+
+    Client modules stay on the device after a fit (:class:`ResidentDeviceStrategy`); a server
+    stage's template returns its module to the CPU (:attr:`keep_on_device`).
 
     Args:
         max_epochs: local epochs per round (the paper's "local epochs").
@@ -174,6 +205,9 @@ class TrainerTemplate:
         self.deterministic = deterministic
         self.memory_format: MemoryFormat = memory_format
 
+    #: whether a fitted module stays on the accelerator (clients) or returns to the CPU (server stages)
+    keep_on_device: bool = True
+
     def trainer_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments of a lean Trainer, with ``overrides`` (e.g. another budget) applied."""
         flags: dict[str, Any] = {
@@ -191,8 +225,13 @@ class TrainerTemplate:
         }
         flags.update(overrides)
         if flags["devices"] == 1 and "strategy" not in flags:
-            flags["strategy"] = ResidentDeviceStrategy(device=self.device(), memory_format=self.memory_format)
+            device = self.device()
+            flags["strategy"] = ResidentDeviceStrategy(
+                device=device, memory_format=self.memory_format, keep_on_device=self.keep_on_device
+            )
             flags.pop("devices")
+            if device.type == "cuda":
+                flags["accelerator"] = CachingCUDAAccelerator()
         return flags
 
     def build(self, callbacks: Sequence[Callback] = (), **overrides: Any) -> pl.Trainer:
@@ -246,6 +285,7 @@ class ServerTrainerTemplate:
             deterministic=deterministic,
             memory_format=memory_format,
         )
+        self._template.keep_on_device = False  # server code uses its modules beside CPU tensors after a fit
         self.accelerator = accelerator
         self.precision = precision
         self.gradient_clip_val = gradient_clip_val

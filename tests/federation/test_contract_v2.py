@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -239,6 +241,40 @@ def test_drop_policy_continues_without_the_bad_upload():
     )
 
 
+def test_an_architecture_whose_fingerprint_costs_more_than_its_shared_scores_is_scored_without_the_cache(
+    monkeypatch,
+):
+    """Hashing ResNet-152 cost more than scoring HtFLlib's 20 global images: the cache must be dropped, not the numbers.
+
+    A fingerprint made slower than any evaluation here is computed for the first client of each
+    architecture only; the run's numbers are those of the run that caches.
+    """
+    from fedhet.federation import runtime
+
+    def scores(loop):
+        """Every number of the run's history but its timings."""
+        return [{k: v for k, v in record.items() if not k.startswith("time/")} for record in loop.history]
+
+    calls = []
+    original = runtime.model_fingerprint
+
+    def slow_fingerprint(module, download=None):
+        """The real fingerprint, after a pause longer than scoring the tiny shared sets takes."""
+        calls.append(1)
+        time.sleep(0.5)
+        return original(module, download)
+
+    reference = _loop(FedAvg(lr=0.05), rounds=2)
+    reference.run()
+    assert reference.runtime._fingerprint_pays == {"cnn_tiny": True}
+    monkeypatch.setattr(runtime, "model_fingerprint", slow_fingerprint)
+    uncached = _loop(FedAvg(lr=0.05), rounds=2)
+    uncached.run()
+    assert len(calls) == 1  # at the architecture's first client; every later client is scored directly
+    assert uncached.runtime._fingerprint_pays == {"cnn_tiny": False}
+    assert scores(uncached) == scores(reference)
+
+
 def test_integer_typed_weights_are_refused():
     """Weights sent as integers where the global model holds floats are refused naming the sender."""
     reference = {"w": torch.zeros(2)}
@@ -259,11 +295,15 @@ def test_shared_sets_are_scored_once_per_distinct_model():
         original = loop.runtime.evaluate_model
 
         def counting(model, sets, original=original, evaluated=evaluated):
-            """Count the evaluation sets each call scores."""
-            evaluated.append(len(sets))
+            """Record the evaluation sets each call scores."""
+            evaluated.extend(id(data) for data in sets)
             return original(model, sets)
 
         loop.runtime.evaluate_model = counting
         loop.run()
-        client_calls = evaluated[:3]  # then the server's model, once
-        assert client_calls == [4, 2, 2], type(algorithm).__name__  # own test/val + global test/val, then own only
+        shared = loop.runtime._shared_eval_sets()
+        client_sets = evaluated[:-2]  # then the server's model on the global test and validation sets
+        assert len(shared) == 2 and sorted(evaluated[-2:]) == sorted(shared), type(algorithm).__name__
+        assert sorted(client_sets.count(i) for i in shared) == [1, 1], type(algorithm).__name__
+        own = [i for i in client_sets if i not in shared]  # each client's test and validation split, once each
+        assert len(own) == len(set(own)) == 6, type(algorithm).__name__

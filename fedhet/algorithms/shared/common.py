@@ -457,13 +457,24 @@ class ClassMeanRegularizedClient(ClientModule):
         """Distance of each sample's statistic to its class's global value (MSE; FD may use cross-entropy)."""
         return F.mse_loss(statistic, targets)
 
+    def global_on(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """The received global values and presence mask on ``device``, moved there once per download.
+
+        A ``.to(device)`` of a CPU tensor in every step is a host-to-device copy that waits for
+        the GPU's queue every step; the moved tensors replace the received ones, so later steps
+        find them in place (the download of the next round brings CPU tensors again).
+        """
+        assert self.global_means is not None and self.global_present is not None
+        self.global_means, self.global_present = self.global_means.to(device), self.global_present.to(device)
+        return self.global_means, self.global_present
+
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
         statistic, logits = self.statistic_and_logits(x)
         loss = F.cross_entropy(logits, y)
         if self.global_means is not None and self.global_present is not None:
-            means = self.global_means.to(statistic.device)
-            known = self.global_present.to(y.device)[y]
+            means, present = self.global_on(statistic.device)
+            known = present[y]
             if bool(known.any()):
                 loss = loss + self.regulariser_weight() * self.regulariser(statistic[known], means[y[known]])
         return loss
