@@ -295,32 +295,38 @@ def main() -> None:
             f"{args.rounds} timed rounds after a warm-up, {os.cpu_count()} CPUs, device {args.device}",
             flush=True,
         )
-        rows = {config: spawn(workload, config, args) for config in args.configs}
-        plain = rows.get("plain", {}).get("round_s")
         print("| configuration | round s (median) | rounds / hour | x plain | GPU util % | GPU memory GB | acc_local |")
-        print("|---|---|---|---|---|---|---|")
-        for config, row in rows.items():
-            if "error" in row:
-                print(f"| {config} | failed: {row['error']} |")
-                continue
-            median = statistics.median(row["round_s"])
-            row["round_s_median"] = round(median, 3)
-            row["rounds_per_hour"] = round(3600 / median, 1)
-            if plain:
-                row["speedup_vs_plain"] = round(statistics.median(plain) / median, 3)
-            print(
-                f"| {config} | {median:.2f} | {3600 / median:.0f} | {row.get('speedup_vs_plain', float('nan')):.2f} "
-                f"| {row['gpu_util_mean_pct']} | {row['gpu_memory_peak_gb']} | {row['acc_local']:.2f} |",
-                flush=True,
-            )
-        results[workload] = rows
-        if args.json:  # after every workload: a run cut off keeps what it measured
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            temporary = args.json.with_suffix(".tmp")
-            arguments = {k: str(v) for k, v in vars(args).items()}
-            temporary.write_text(json.dumps({"args": arguments, "results": results}, indent=1) + "\n")
-            temporary.replace(args.json)
+        print("|---|---|---|---|---|---|---|", flush=True)
+        rows: dict[str, dict[str, Any]] = results.setdefault(workload, {})
+        for config in sorted(args.configs, key=lambda name: name != "plain"):  # the reference first
+            row = rows[config] = spawn(workload, config, args)
+            print(table_row(config, row, rows.get("plain", {}).get("round_s")), flush=True)
+            if args.json:  # after every configuration: a run cut off at its limit keeps what it measured
+                save_json(args, results)
 
+
+def table_row(config: str, row: dict[str, Any], plain: list[float] | None) -> str:
+    """One configuration's line of the table; adds its median, rounds per hour and ratio to ``row``."""
+    if "error" in row:
+        return f"| {config} | failed: {row['error']} |"
+    median = statistics.median(row["round_s"])
+    row["round_s_median"] = round(median, 3)
+    row["rounds_per_hour"] = round(3600 / median, 1)
+    if plain:
+        row["speedup_vs_plain"] = round(statistics.median(plain) / median, 3)
+    return (
+        f"| {config} | {median:.2f} | {3600 / median:.0f} | {row.get('speedup_vs_plain', float('nan')):.2f} "
+        f"| {row['gpu_util_mean_pct']} | {row['gpu_memory_peak_gb']} | {row['acc_local']:.2f} |"
+    )
+
+
+def save_json(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+    """Write the measurements so far to ``--json`` atomically."""
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    temporary = args.json.with_suffix(".tmp")
+    arguments = {k: str(v) for k, v in vars(args).items()}
+    temporary.write_text(json.dumps({"args": arguments, "results": results}, indent=1) + "\n")
+    temporary.replace(args.json)
 
 if __name__ == "__main__":
     main()

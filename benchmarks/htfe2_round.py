@@ -21,7 +21,7 @@ The last line is the headline, e.g. ``ray (2 workers) / sequential (1 thread) ro
 
 Run on an otherwise idle machine (about 6 minutes on 2 cores; ``uptime`` first)::
 
-    python benchmarks/htfe2_round.py [--rounds 3] [--configs seq1 seq2 ray]
+    python benchmarks/htfe2_round.py [--rounds 3] [--configs seq1 seq2 ray] [--memory_format channels_last]
 
 A quick end-to-end check (seconds per configuration, numbers meaningless)::
 
@@ -114,7 +114,13 @@ def build_loop(name: str, args: argparse.Namespace) -> Any:
     algorithm = FedProto(lam=10.0, lr=0.01, momentum=0.0)
     # Clipping at norm 10 in every configuration: FedProto's lambda 10 diverged in round 2 at two
     # intra-op threads (different float summation order); a timing run must not stop on it.
-    trainer = TrainerTemplate(max_epochs=1, max_steps=args.max_steps, accelerator="cpu", gradient_clip_val=args.clip)
+    trainer = TrainerTemplate(
+        max_epochs=1,
+        max_steps=args.max_steps,
+        accelerator="cpu",
+        gradient_clip_val=args.clip,
+        memory_format=args.memory_format,
+    )
     recipe = RuntimeRecipe(
         architectures=tuple(architectures),
         seed=args.seed,
@@ -212,6 +218,7 @@ def spawn(name: str, args: argparse.Namespace) -> dict:
     """Run one configuration in a fresh child process and return what it measured."""
     options = ["--child", name, "--clients", str(args.clients), "--rounds", str(args.rounds)]
     options += ["--max_steps", str(args.max_steps), "--seed", str(args.seed), "--clip", str(args.clip)]
+    options += ["--memory_format", args.memory_format]
     return run_child(__file__, options, 2 if name == "seq2" else 1, name)
 
 
@@ -225,6 +232,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clip", type=float, default=10.0, help="gradient-norm clipping of every configuration")
     parser.add_argument("--json", default=None, help="also write the measurements here")
+    parser.add_argument(
+        "--memory_format",
+        choices=["contiguous", "channels_last"],
+        default="contiguous",
+        help="trainer.memory_format of every configuration (channels_last: NHWC convolutions, faster on CPUs)",
+    )
     parser.add_argument("--child", choices=list(LABELS), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -236,7 +249,7 @@ def main() -> None:
         f"HtFE-img-2 (fedavg_cnn, resnet18), FedProto lambda 10, 512-d features, {args.clients} clients, "
         f"mnist_all 3x32x32 Dir(0.1) >= 40 per client, batch 10, SGD lr 0.01 (clipped at {args.clip:g}), "
         f"{'one local epoch' if args.max_steps < 0 else f'{args.max_steps} local steps'}, "
-        f"{args.rounds} timed rounds after a warm-up"
+        f"{args.rounds} timed rounds after a warm-up, {args.memory_format}"
     )
     results = {}
     for name in args.configs:
