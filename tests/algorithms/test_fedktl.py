@@ -554,7 +554,7 @@ def test_server_rejects_prototypes_of_classes_not_held_or_of_another_dtype():
         server.check_upload(_upload(0, good, [3, 2, 1, 0]))  # class 2: client 0 holds none
     with pytest.raises(TrainingError, match="client 1.*float64|float64.*client 1"):
         server.check_upload(_upload(1, good.double(), [0, 5, 1, 7]))
-    with pytest.raises(TrainingError, match="ClassStatsPayload prototypes"):
+    with pytest.raises(TrainingError, match=r"^client 0 sent WeightsPayload, expected ClassStatsPayload prototypes$"):
         server.check_upload(ClientUpload(0, "a", GeneratedPairsPayload(images=torch.zeros(1, 3, 2, 2),
                                                                        latents=torch.zeros(1, 6))))
 
@@ -575,12 +575,31 @@ def test_server_batches_follow_the_seed_and_drop_single_prototypes():
         bare.server_dataloader(0)
 
 
-def test_server_metrics_are_round_means_and_need_two_classes_for_spreads():
-    """Losses are per-step means; centroid and image spreads appear only with two or more classes."""
+def test_server_metrics_are_round_means_and_need_two_classes_for_spreads(monkeypatch):
+    """Losses are the mean of what the steps computed; centroid and image spreads need two or more classes."""
+    recorded: list[dict[str, float]] = []
+    original = FedKTLServer.server_losses
+
+    def recording(self, batch):
+        """The real losses, kept as numbers."""
+        losses = original(self, batch)
+        recorded.append({key: float(value.detach()) for key, value in losses.items()})
+        return losses
+
+    monkeypatch.setattr(FedKTLServer, "server_losses", recording)
     server = _fitted_server(TinyGenerator())
     metrics = server.metrics()
-    assert server._steps == 2 and metrics["loss"] == pytest.approx(server._sums["loss"] / 2)
+    assert len(recorded) == server._steps == 2 and recorded[0]["loss"] != recorded[1]["loss"]
+    for key in recorded[0]:
+        assert metrics[key] == pytest.approx((recorded[0][key] + recorded[1][key]) / 2, rel=1e-6), key
     assert metrics["centroid_spread"] == pytest.approx(float(torch.pdist(server.pair_latents).mean()))
+    two = FedKTLServer(TinyGenerator(), server_epochs=1)
+    two.setup_server(_context())
+    two.aggregate(0, [_upload(0, torch.eye(4), [1, 1, 0, 0])] * 2)
+    with seeded(1):
+        _fit(two)
+    assert len(two.pair_latents) == 2
+    assert two.metrics()["centroid_spread"] == pytest.approx(float(torch.dist(*two.pair_latents)))
     single = FedKTLServer(TinyGenerator(), server_epochs=1)
     single.setup_server(_context())
     single.aggregate(0, [_upload(0, torch.eye(4), [1, 0, 0, 0])] * 2)
@@ -588,6 +607,41 @@ def test_server_metrics_are_round_means_and_need_two_classes_for_spreads():
         _fit(single)
     assert len(single.pair_latents) == 1
     assert "centroid_spread" not in single.metrics() and "image_separation" not in single.metrics()
+
+
+def test_the_first_round_has_no_image_change_to_report():
+    """Before any earlier round's images exist, the change is None, even for classes seen now."""
+    server = _fitted_server(TinyGenerator())
+    assert bool(server.seen.any()) and server.class_image_change(None, server.seen) is None
+
+
+@pytest.mark.parametrize("clip", [1e-3, None])
+def test_server_clips_f_and_the_centroid_table_separately(clip):
+    """``grad_clip_norm`` caps the gradient norm of F and of the centroid table each; ``None`` leaves both."""
+    server = FedKTLServer(TinyGenerator(), grad_clip_norm=clip)
+    server.setup_server(_context())
+    groups = [list(server.transformer.parameters()), list(server.centroids.parameters())]
+    for group in groups:
+        for parameter in group:
+            parameter.grad = torch.ones_like(parameter)
+    server.on_before_optimizer_step(None)
+    for group in groups:
+        norm = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in group])))
+        expected = clip if clip is not None else math.sqrt(sum(p.numel() for p in group))
+        assert norm == pytest.approx(expected, rel=1e-4)
+
+
+def test_server_errors_name_what_was_expected():
+    """A wrong payload names the prototypes the server expects; a too-small B_S names the setting."""
+    from fedhet.core.payloads import WeightsPayload
+    from fedhet.errors import ConfigError
+
+    server = FedKTLServer(TinyGenerator())
+    server.setup_server(_context())
+    with pytest.raises(TrainingError, match=r"^client 0 sent WeightsPayload, expected ClassStatsPayload prototypes$"):
+        server.check_upload(ClientUpload(0, "a", WeightsPayload(weights={"w": torch.zeros(1)})))
+    with pytest.raises(ConfigError, match=r"server_batch_size=1 must be >= 2 \(BatchNorm in F\)"):
+        FedKTL(server_batch_size=1)
 
 
 def test_pairs_payload_checks_its_shapes_naming_the_sender():
