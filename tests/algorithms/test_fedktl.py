@@ -554,7 +554,8 @@ def test_server_rejects_prototypes_of_classes_not_held_or_of_another_dtype():
         server.check_upload(_upload(0, good, [3, 2, 1, 0]))  # class 2: client 0 holds none
     with pytest.raises(TrainingError, match="client 1.*float64|float64.*client 1"):
         server.check_upload(_upload(1, good.double(), [0, 5, 1, 7]))
-    with pytest.raises(TrainingError, match=r"^client 0 sent WeightsPayload, expected ClassStatsPayload prototypes$"):
+    wrong_payload = r"^client 0 sent GeneratedPairsPayload, expected ClassStatsPayload prototypes$"
+    with pytest.raises(TrainingError, match=wrong_payload):
         server.check_upload(ClientUpload(0, "a", GeneratedPairsPayload(images=torch.zeros(1, 3, 2, 2),
                                                                        latents=torch.zeros(1, 6))))
 
@@ -631,16 +632,11 @@ def test_server_clips_f_and_the_centroid_table_separately(clip):
         assert norm == pytest.approx(expected, rel=1e-4)
 
 
-def test_server_errors_name_what_was_expected():
-    """A wrong payload names the prototypes the server expects; a too-small B_S names the setting."""
-    from fedhet.core.payloads import WeightsPayload
+def test_a_too_small_server_batch_is_refused_naming_the_setting():
+    """B_S < 2 cannot train F's BatchNorm; the error names the setting and why."""
     from fedhet.errors import ConfigError
 
-    server = FedKTLServer(TinyGenerator())
-    server.setup_server(_context())
-    with pytest.raises(TrainingError, match=r"^client 0 sent WeightsPayload, expected ClassStatsPayload prototypes$"):
-        server.check_upload(ClientUpload(0, "a", WeightsPayload(weights={"w": torch.zeros(1)})))
-    with pytest.raises(ConfigError, match=r"server_batch_size=1 must be >= 2 \(BatchNorm in F\)"):
+    with pytest.raises(ConfigError, match=r"^FedKTL: server_batch_size=1 must be >= 2 \(BatchNorm in F\)$"):
         FedKTL(server_batch_size=1)
 
 
