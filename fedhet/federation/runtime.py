@@ -509,8 +509,10 @@ class ClientRuntime:
         sets: HtFLlib's workload keeps 20 global test images, and hashing ResNet-152's 233 MB takes
         0.28 s, 1.8 s a round for its 20 clients. So the first client of each architecture is timed
         both ways, and an architecture whose fingerprint costs more than its shared-set scores is
-        scored without the cache from then on. The choice changes how long evaluation takes, never
-        its numbers: a cached score is the score of an identical model.
+        scored without the cache from then on. The hash is timed in CPU time and the scoring in
+        wall time (a GPU's too), so a busy machine can only err towards keeping the cache. The
+        choice changes how long evaluation takes, never its numbers: a cached score is the score
+        of an identical model.
         """
         architecture = self.architectures[task.client_id]
         module = self.module(architecture)
@@ -521,9 +523,9 @@ class ClientRuntime:
         sets = self.eval_sets(task.client_id)
         fingerprint, fingerprint_s = None, 0.0
         if self._fingerprint_pays.get(architecture, True):
-            started = time.perf_counter()
+            started = time.thread_time()  # CPU time: a core lost to another process cannot inflate it
             fingerprint = model_fingerprint(module, task.download if apply_download else None)
-            fingerprint_s = time.perf_counter() - started
+            fingerprint_s = time.thread_time() - started
         results: list[tuple[Tensor, Tensor] | None] = [
             self._eval_cache.get((fingerprint, shared[id(data)])) if fingerprint and id(data) in shared else None
             for data in sets

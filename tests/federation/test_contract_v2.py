@@ -259,9 +259,11 @@ def test_an_architecture_whose_fingerprint_costs_more_than_its_shared_scores_is_
     original = runtime.model_fingerprint
 
     def slow_fingerprint(module, download=None):
-        """The real fingerprint, after a pause longer than scoring the tiny shared sets takes."""
+        """The real fingerprint, after half a second of CPU work (longer than scoring the tiny shared sets)."""
         calls.append(1)
-        time.sleep(0.5)
+        until = time.thread_time() + 0.5
+        while time.thread_time() < until:
+            pass
         return original(module, download)
 
     reference = _loop(FedAvg(lr=0.05), rounds=2)
