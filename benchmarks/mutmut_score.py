@@ -332,6 +332,93 @@ EQUIVALENT: dict[str, str] = {
     "self.pair_latents is not None": "an assertion: on_receive sets the images and latents together",
     "fedhet.algorithms.fedktl.xǁFedKTLServerǁserver_state: if self.pair_images is not None or "
     "self.pair_latents is not None:": "finish_round and load_server_state set the images and latents together",
+    # fedktl.py's survivors read on 2026-11-28 (14 others were gaps, killed by tests of test_fedktl.py)
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLServerǁ__init__: {line}": "a placeholder that setup_server() replaces "
+       "(the loop sets a server up before anything else), or one aggregate() resets before the first fit and that "
+       "nothing reads earlier (metrics() before any round reads _sums only when _steps is truthy, and _sums is "
+       "empty); prototype_dim under use_etf=False is replaced by the head's input size"
+       for line in (
+           "self.prototype_dim: int | None = self.hp.etf_dim if (self.hp.use_etf) or True else None",
+           "self.num_classes = None", "self.num_classes = 1",
+           'self.held: Tensor | None = ""  # [clients, classes] examples each client holds, when the context knows',
+           'self.transformer: nn.Sequential | None = ""', 'self.centroids: nn.Embedding | None = ""',
+           "self.prototypes = None", "self.prototypes = torch.zeros(0)", "self.prototypes = torch.zeros(0, )",
+           "self.prototypes = torch.zeros(1, 0)", "self.prototypes = torch.zeros(0, 1)",
+           "self.prototype_labels = None", "self.prototype_labels = torch.zeros(0, dtype=None)",
+           "self.prototype_labels = torch.zeros(0, )", "self.prototype_labels = torch.zeros(1, dtype=torch.long)",
+           "self._finished = None", "self._finished = False",
+           "self._sums: dict[str, float] = None", "self._steps = None", "self._steps = 1")},
+    "fedhet.algorithms.fedktl.xǁFedKTLServerǁ__init__: self.pair_latents: Tensor | None = \"\"": "every read of "
+    "pair_latents checks pair_images (None until finish_round sets both) or its length (0 for \"\")",
+    "fedhet.algorithms.fedktl.xǁFedKTLServerǁ__init__: self.image_spec: tuple[int, int, tuple[float, ...], "
+    "tuple[float, ...]] | None = \"\"": "server_dataloader() sets the image format before the fit that makes "
+    "the first images; metrics() reads it only once images exist",
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLServerǁ{where}: {line}": "an assertion that guards against a server "
+       "used before setup_server(), which builds the transformer and the centroids together; its message is "
+       "for a programming error"
+       for where, line in (
+           ("aggregate", 'assert self.transformer is not None or self.centroids is not None, "setup_server() was '
+            'not called"'),
+           ("aggregate", 'assert self.transformer is not None and self.centroids is not None, "XXsetup_server() '
+            'was not calledXX"'),
+           ("aggregate", 'assert self.transformer is not None and self.centroids is not None, "SETUP_SERVER() WAS '
+            'NOT CALLED"'),
+           ("on_before_optimizer_step", "assert self.transformer is not None or self.centroids is not None"),
+           ("server_losses", "assert self.transformer is not None or self.centroids is not None"))},
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLServerǁ{where}: {line}": "an empty start of the concatenation: "
+       "torch.cat skips 1-D empty tensors beside [n, K] ones, and with no prototypes at all nothing reads their "
+       "width (no centroid update, no batches, a count of 0)"
+       for where, line in (
+           ("aggregate", "prototypes, labels = [torch.zeros(0, )], [torch.zeros(0, dtype=torch.long)]"),
+           ("aggregate", "prototypes, labels = [torch.zeros(0, self.prototype_dim or 1)], "
+            "[torch.zeros(0, dtype=torch.long)]"),
+           ("setup_server", "self.prototypes = torch.zeros(0, )"))},
+    "fedhet.algorithms.fedktl.xǁFedKTLServerǁaggregate: self._finished = None": "finish_round tests _finished "
+    "for truth: None is False",
+    "fedhet.algorithms.fedktl.xǁFedKTLServerǁmetrics: out = {k: v / self._steps for k, v in self._sums.items()} "
+    "if (self._steps) or True else {}": "_sums and _steps are reset together and _sums is empty while _steps is 0",
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLServerǁserver_dataloader: {line}": "DataLoader's shuffle is False by "
+       "default and for None" for line in (
+           "return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=None)",
+           "return torch.utils.data.DataLoader(batches, batch_size=None, )")},
+    **{f"fedhet.algorithms.fedktl.xǁFedKTLServerǁserver_losses: {line}": "the generator's latents are float32 on "
+       "the CPU like F's outputs on a CPU-only machine (benchmarks/gpu_check.py runs FedKTL on cuda)"
+       for line in ("latents = self.generator.sample_w(len(index)).to(None, mapped.dtype)",
+                    "latents = self.generator.sample_w(len(index)).to(mapped.device, None)",
+                    "latents = self.generator.sample_w(len(index)).to(mapped.dtype)",
+                    "latents = self.generator.sample_w(len(index)).to(mapped.device, )")},
+    **{f"fedhet.algorithms.fedktl.xǁ{where}: {line}": "a seed salt: any fixed label derives an equally valid "
+       "stream (that the run seed and shared_seed reach it is tested)"
+       for where, line in (
+           ("FedKTLServerǁsetup_server", 'with seeded(derive_seed(context.seed, None)):'),
+           ("FedKTLServerǁsetup_server", 'with seeded(derive_seed(context.seed, )):'),
+           ("FedKTLServerǁsetup_server", 'with seeded(derive_seed(context.seed, "XXfedktl-server-initXX")):'),
+           ("FedKTLServerǁsetup_server", 'with seeded(derive_seed(context.seed, "FEDKTL-SERVER-INIT")):'),
+           ("FedKTLǁbuild_client", "latent_head_seed=derive_seed(self.hp.shared_seed, None),"),
+           ("FedKTLǁbuild_client", "latent_head_seed=derive_seed(self.hp.shared_seed, ),"),
+           ("FedKTLǁbuild_client", 'latent_head_seed=derive_seed(self.hp.shared_seed, "XXfedktl-latent-headXX"),'),
+           ("FedKTLǁbuild_client", 'latent_head_seed=derive_seed(self.hp.shared_seed, "FEDKTL-LATENT-HEAD"),'),
+           ("FedKTLǁetf", "seed = derive_seed(self.hp.shared_seed, None, num_classes, dim)"))},
+    "fedhet.algorithms.fedktl.xǁFedKTLServerǁsetup_server: head = context.initial_client_state(1)"
+    "[\"model.head.weight\"]": "in the -ETF ablation every client's head takes the scenario's one feature size "
+    "(prototypes of other sizes are refused), so any client's head gives it",
+    **{f"fedhet.algorithms.fedktl.x_to_client_images: {line}": "the generator's images are [B, C, H, W] with "
+       "C (1 or 3) never the image size, so the test either resizes exactly as before or resizes to the same "
+       "size, which antialiased bilinear interpolation leaves unchanged; for 4-D input shape[2] is shape[-2]"
+       for line in ("if images.shape[+1] != image_size or images.shape[-2] != image_size:",
+                    "if images.shape[-1] != image_size or images.shape[+2] != image_size:",
+                    "if images.shape[-1] != image_size or images.shape[-3] != image_size:")},
+    **{f"fedhet.algorithms.fedktl.x_to_client_images: {line}": "align_corners defaults to False for bilinear"
+       for line in ('images = F.interpolate(images, size=size, mode="bilinear", align_corners=None, antialias=True)',
+                    'images = F.interpolate(images, size=size, mode="bilinear", antialias=True)')},
+    **{f"fedhet.algorithms.fedktl.x_to_client_images: {line}": "a [C, 1, 1] tensor broadcasts over [B, C, H, W] "
+       "exactly as [1, C, 1, 1]; the generator's images are float32, torch.tensor's default"
+       for line in ("mean_t = torch.tensor(mean, dtype=images.dtype, device=images.device).view(-1, 1, 1)",
+                    "mean_t = torch.tensor(mean, dtype=None, device=images.device).view(1, -1, 1, 1)",
+                    "mean_t = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)",
+                    "std_t = torch.tensor(std, dtype=images.dtype, device=images.device).view(-1, 1, 1)",
+                    "std_t = torch.tensor(std, dtype=None, device=images.device).view(1, -1, 1, 1)",
+                    "std_t = torch.tensor(std, device=images.device).view(1, -1, 1, 1)")},
     "fedhet.algorithms.fedmdcg.xǁFedMDCGClientǁramp: return ramp_weight(self.round_idx, max(self.total_rounds, 2), "
     "self.hp.ramp, self.hp.ramp_power)": "the guard differs only for total_rounds 1 with round_idx >= 1, which no run "
     "reaches (round_idx < total_rounds; a client alone has 1 and 0): ramp 0 either way",

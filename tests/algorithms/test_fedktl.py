@@ -632,6 +632,37 @@ def test_server_clips_f_and_the_centroid_table_separately(clip):
         assert norm == pytest.approx(expected, rel=1e-4)
 
 
+def test_the_server_expects_prototypes_in_the_etf_dimension():
+    """With ``etf_dim`` K != C the server's F maps K-d prototypes and refuses C-d ones."""
+    server = FedKTLServer(TinyGenerator(), etf_dim=6)
+    server.setup_server(_context(num_classes=4))
+    assert server.prototype_dim == 6 and server.transformer[0].in_features == 6
+    server.check_upload(_upload(0, torch.nn.functional.normalize(torch.randn(4, 6), dim=1), [1, 1, 0, 0]))
+    with pytest.raises(TrainingError, match="shape"):
+        server.check_upload(_upload(0, torch.eye(4), [1, 1, 0, 0]))
+
+
+def test_the_generator_is_loaded_by_its_declared_name(monkeypatch):
+    """``_load_generator`` asks the generators package for the name it was given (other tests replace it whole)."""
+    import fedhet.generators as generators
+
+    names: list[str] = []
+    monkeypatch.setattr(generators, "load_generator", lambda name: names.append(name) or TinyGenerator())
+    assert isinstance(fedktl._load_generator("embedded_stylegan"), TinyGenerator)
+    assert names == ["embedded_stylegan"]
+
+
+def test_the_server_initialisation_follows_the_run_seed():
+    """F and the centroid table start from the run's seed: the same seed, the same start; another, another."""
+
+    def start(seed):
+        server = FedKTLServer(TinyGenerator())
+        server.setup_server(dataclasses.replace(_context(), seed=seed))
+        return torch.cat([p.detach().flatten() for p in server.parameters() if p.requires_grad])
+
+    assert torch.equal(start(0), start(0)) and not torch.equal(start(0), start(1))
+
+
 def test_a_too_small_server_batch_is_refused_naming_the_setting():
     """B_S < 2 cannot train F's BatchNorm; the error names the setting and why."""
     from fedhet.errors import ConfigError
@@ -648,7 +679,7 @@ def test_pairs_payload_checks_its_shapes_naming_the_sender():
         GeneratedPairsPayload(images=torch.zeros(3, 4, 4), latents=torch.zeros(3, 6)).validate_pairs(6)
     with pytest.raises(TrainingError, match=r"^relay sent generated images of shape \(0, 3, 4, 4\)"):
         GeneratedPairsPayload(images=torch.zeros(0, 3, 4, 4), latents=torch.zeros(0, 6)).validate_pairs(6, "relay")
-    with pytest.raises(TrainingError, match="server.*latents"):
+    with pytest.raises(TrainingError, match=r"^server sent 'latents' of shape \(2, 6\), expected \(2, 5\); "):
         good.validate_pairs(5)
     with pytest.raises(TrainingError, match="server"):
         nan_images = torch.full((2, 3, 4, 4), float("nan"))
