@@ -328,5 +328,6 @@ def save_json(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> N
     temporary.write_text(json.dumps({"args": arguments, "results": results}, indent=1) + "\n")
     temporary.replace(args.json)
 
+
 if __name__ == "__main__":
     main()
