@@ -594,18 +594,20 @@ def test_server_metrics_are_round_means_and_need_two_classes_for_spreads(monkeyp
     for key in recorded[0]:
         assert metrics[key] == pytest.approx((recorded[0][key] + recorded[1][key]) / 2, rel=1e-6), key
     assert metrics["centroid_spread"] == pytest.approx(float(torch.pdist(server.pair_latents).mean()))
-    two = FedKTLServer(TinyGenerator(), server_epochs=1)
-    two.setup_server(_context())
-    two.aggregate(0, [_upload(0, torch.eye(4), [1, 1, 0, 0])] * 2)
-    with seeded(1):
-        _fit(two)
+
+    def fitted_on_classes(counts):
+        """A one-epoch server fitted on two uploads holding the classes ``counts`` marks."""
+        server = FedKTLServer(TinyGenerator(), server_epochs=1)
+        server.setup_server(_context())
+        server.aggregate(0, [_upload(0, torch.eye(4), counts)] * 2)
+        with seeded(1):
+            _fit(server)
+        return server
+
+    two = fitted_on_classes([1, 1, 0, 0])
     assert len(two.pair_latents) == 2
     assert two.metrics()["centroid_spread"] == pytest.approx(float(torch.dist(*two.pair_latents)))
-    single = FedKTLServer(TinyGenerator(), server_epochs=1)
-    single.setup_server(_context())
-    single.aggregate(0, [_upload(0, torch.eye(4), [1, 0, 0, 0])] * 2)
-    with seeded(1):
-        _fit(single)
+    single = fitted_on_classes([1, 0, 0, 0])
     assert len(single.pair_latents) == 1
     assert "centroid_spread" not in single.metrics() and "image_separation" not in single.metrics()
 
