@@ -54,6 +54,8 @@ MUTMUT_VERSION = "3.8.1"
 MUTATED = ("fedhet/algorithms", "fedhet/functional")
 COPIED = ("fedhet", "tests", "configs", "pyproject.toml", "setup.cfg")
 DOCTESTS = "tests/test_functional_doctests.py"
+#: A fresh-interpreter recheck running longer than this counts as a timeout (killed), as in mutmut.
+FRESH_TIMEOUT_S = 900.0
 #: The goals of the oracle-tests issue: 90 % in the seed methods' files, the contract's files and
 #: functional/, 80 % elsewhere in algorithms/.
 SEED_FILES = ("fedftg.py", "fedmdcg.py", "fedvtc.py", "fccl_plus.py", "fedktl.py", "common.py", "base.py")
@@ -422,6 +424,9 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.fedmdcg.xǁFedMDCGClientǁramp: return ramp_weight(self.round_idx, max(self.total_rounds, 2), "
     "self.hp.ramp, self.hp.ramp_power)": "the guard differs only for total_rounds 1 with round_idx >= 1, which no run "
     "reaches (round_idx < total_rounds; a client alone has 1 and 0): ramp 0 either way",
+    "fedhet.algorithms.base.xǁClientModuleǁ__init_subclass__: if upload is not None and not getattr(upload, "
+    "\"__fedhet_guarded__\", None):": "an unguarded make_upload has no such attribute: the default None is as falsy "
+    "as False",
 }
 
 
@@ -538,6 +543,67 @@ def show(repo: Path, name: str) -> str:
                      if line[:1] in "+-" and not line.startswith(("+++", "---")))  # fmt: skip
 
 
+#: Imports fedhet and the test files in "stats" mode and prints the functions of the mutated file
+#: that ran while importing (run in a fresh interpreter in the workspace's ``mutants/``).
+IMPORT_PROBE = """
+import importlib, json, os, pkgutil, sys
+os.environ["MUTANT_UNDER_TEST"] = "stats"
+import mutmut.mutation.trampoline as trampoline
+hits = set()
+trampoline.record_trampoline_hit = lambda name, caller=None: hits.add(name)
+import fedhet
+for module in pkgutil.walk_packages(fedhet.__path__, "fedhet."):
+    if module.name.endswith("__main__"):  # runs the command line
+        continue
+    try:
+        importlib.import_module(module.name)
+    except ImportError:  # an optional package (Ray, W&B's sweeps) that is not installed
+        pass
+for test_file in sys.argv[1:]:
+    importlib.import_module(test_file.removesuffix(".py").replace("/", "."))
+print(json.dumps(sorted(hits)))
+"""
+
+
+def import_time_functions(repo: Path, tests: list[str]) -> set[str]:
+    """The functions of the mutated file that run while fedhet and its tests are imported.
+
+    mutmut activates a mutant in a process forked from a server that has already imported the
+    project, so a mutant of such a function (a class's ``__init_subclass__`` hook, a property
+    factory called in a class body) never runs: mutmut reports it as surviving whatever the tests
+    check. These survivors are checked again in a fresh interpreter (``recheck_in_fresh_interpreter``).
+    """
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo / "mutants")}
+    out = subprocess.run([sys.executable, "-c", IMPORT_PROBE, *tests], cwd=repo / "mutants", env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def recheck_in_fresh_interpreter(repo: Path, tests: list[str], names: list[str], timeout: float) -> dict[str, str]:
+    """Run each mutant's tests in a fresh interpreter started with the mutant active; its status by name.
+
+    A failing test (or a collection error: the mutant breaks an import) kills it; a run past
+    ``timeout`` counts as a timeout, as mutmut counts one; a passing run survives.
+    """
+    durations = json.loads((repo / "mutants" / "mutmut-stats.json").read_text())["duration_by_test"]
+    seconds = {test: sum(d for key, d in durations.items() if key.startswith(test + "::")) for test in tests}
+    tests = sorted(tests, key=seconds.__getitem__)  # fastest file first: with -x a kill comes sooner
+    statuses: dict[str, str] = {}
+    for name in names:
+        env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "MUTANT_UNDER_TEST": name, "PYTHONPATH": str(repo / "mutants")}  # fmt: skip
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "not slow",
+                   *tests]  # fmt: skip
+        try:
+            code = subprocess.run(command, cwd=repo / "mutants", env=env, capture_output=True,
+                                  timeout=timeout).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            statuses[name] = "timeout"
+            continue
+        statuses[name] = "survived" if code == 0 else "no tests" if code == 5 else "killed"
+    return statuses
+
+
 def score(entry: dict) -> float | None:
     """Killed / (killed + survived - equivalent), timeouts counted as killed, 'no tests' as survived."""
     counts = entry["counts"]
@@ -580,12 +646,21 @@ def run_file(source: str, base: Path, max_children: int, minutes: float | None =
         tail = (repo.parent / "mutmut.log").read_text()[-2000:]
         return {"error": f"mutmut exited {returncode}", "log_tail": tail, "seconds": round(seconds, 1)}
     by_name = statuses(repo, source)
+    tests = own_tests(source)
+    function = {name: name.rpartition("__mutmut_")[0] for name in by_name}
+    import_time = import_time_functions(repo, tests)
+    rechecked = [name for name, status in sorted(by_name.items())
+                 if status in ("survived", "no tests") and function[name] in import_time]  # fmt: skip
+    fresh = recheck_in_fresh_interpreter(repo, tests, rechecked, timeout=FRESH_TIMEOUT_S)
+    by_name.update(fresh)
     counts: dict[str, int] = {}
     for status in by_name.values():
         counts[status] = counts.get(status, 0) + 1
     survivors = {name: show(repo, name) for name, status in sorted(by_name.items())
                  if status in ("survived", "no tests")}  # fmt: skip
-    entry = {"tests": own_tests(source), "counts": counts, "seconds": round(seconds, 1),
+    seconds = earlier + time.perf_counter() - started  # with the fresh-interpreter rechecks
+    entry = {"tests": tests, "counts": counts, "seconds": round(seconds, 1),
+             "fresh_interpreter": {"functions": sorted(import_time & set(function.values())), "statuses": fresh},
              "survivors": survivors, "tool": f"mutmut {MUTMUT_VERSION}", "date": time.strftime("%Y-%m-%d"),
              **({"chunks": True} if kept else {})}
     return judged(entry)

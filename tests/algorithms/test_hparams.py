@@ -14,9 +14,9 @@ import inspect
 import pytest
 
 from fedhet.algorithms import ALGORITHMS, list_algorithms
-from fedhet.algorithms.base import ServerPlugin
+from fedhet.algorithms.base import Algorithm, ServerPlugin
 from fedhet.errors import ConfigError
-from fedhet.hparams import Hyperparameters, LocalOptimizer, knobs, sweep_parameters
+from fedhet.hparams import Hyperparameters, LocalOptimizer, NonNegativeFloat, knob, knobs, sweep_parameters
 from tests.algorithms.helpers import tiny_loop
 
 
@@ -67,3 +67,72 @@ def test_search_space_is_read_from_the_declaration():
         "method.init_args.lr": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1.0},
         "method.init_args.mu": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1.0},
     }
+
+
+def test_generated_constructor_is_the_declaration_with_its_meanings():
+    """A class made at test time gets an ``__init__`` whose signature, annotations, names and docstring are exact.
+
+    The classes are made inside the test so that the hook that builds constructors runs while the
+    test does: a plain method, a plugin (its ``base`` first, with the hand-written constructor's
+    annotation and the first line of its docstring), and a hand-written constructor whose
+    subclasses start with its extra parameter.
+    """
+
+    @dataclasses.dataclass(frozen=True)
+    class MixHparams(Hyperparameters):
+        """Knobs declared in the test."""
+
+        mix: NonNegativeFloat = knob(0.25, "share of the global model mixed in")
+        rounds_kept: int = knob(3, "rounds a state is kept")
+
+    class Mix(Algorithm):
+        Hparams = MixHparams
+
+    class MixPlugin(ServerPlugin):
+        Hparams = MixHparams
+
+    class Weighted(Algorithm):
+        Hparams = MixHparams
+
+        def __init__(self, weights: list[float], **values):
+            """A method with one constructor argument besides its knobs.
+
+            Args:
+                weights: the per-client weights: one number per client
+                **values: the knobs
+            """
+            super().__init__(**values)
+            self.weights = weights
+
+    class WeightedChild(Weighted):
+        pass
+
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    knobs_declared = [
+        inspect.Parameter("mix", keyword, default=0.25, annotation=NonNegativeFloat),
+        inspect.Parameter("rounds_kept", keyword, default=3, annotation=int),
+    ]
+    assert inspect.signature(Mix) == inspect.Signature(knobs_declared, return_annotation=None)
+    assert Mix.__init__.__annotations__ == {"mix": NonNegativeFloat, "rounds_kept": int, "return": None}
+    assert Mix.__init__.__qualname__.endswith("Mix.__init__") and Mix.__init__.__module__ == __name__
+    assert Mix.__init__.__doc__ == (
+        "Mix's hyperparameters (MixHparams).\n\n    Args:\n"
+        "        mix: share of the global model mixed in\n        rounds_kept: rounds a state is kept"
+    )
+    assert Mix(mix=0.5).hp == MixHparams(mix=0.5, rounds_kept=3)
+
+    base = inspect.Parameter("base", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Algorithm | None)
+    assert inspect.signature(MixPlugin) == inspect.Signature([base, *knobs_declared], return_annotation=None)
+    assert MixPlugin.__init__.__doc__.splitlines()[3] == (
+        "        base: the weight-averaging base method whose clients and averaging the plugin refines"
+    )
+    assert MixPlugin(mix=0.0).base.name == "FedAvg"
+
+    weights = inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list[float])
+    assert inspect.signature(WeightedChild) == inspect.Signature([weights, *knobs_declared], return_annotation=None)
+    weights_line = "        weights: the per-client weights: one number per client"  # its own colon kept
+    assert WeightedChild.__init__.__doc__.splitlines()[3] == weights_line
+    child = WeightedChild([0.5, 0.5], rounds_kept=1)
+    assert (child.weights, child.hp.rounds_kept) == ([0.5, 0.5], 1)
+    with pytest.raises(ConfigError, match=r"WeightedChild: .*'mixx'.*its hyperparameters: mix, rounds_kept"):
+        WeightedChild([1.0], mixx=0.1)

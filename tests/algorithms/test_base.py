@@ -1,0 +1,269 @@
+"""The contract's own defaults (``fedhet/algorithms/base.py``), each checked with numbers or names.
+
+The registry-wide tests run every method through these classes; these pin what a method that
+overrides nothing gets: the evaluation steps' logged accuracy, the default refine budget, the
+state round trips of a trainable server and of a refined one, the lock-step phase's optimizer
+handling, a plugin's constructor and delegation, and the label counts read on demand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+from fedhet.algorithms import ALGORITHMS
+from fedhet.algorithms.base import (
+    Algorithm,
+    ClientModule,
+    ClientStates,
+    CollaborativePhase,
+    DataFormat,
+    LocalStage,
+    RefinedServer,
+    RefineStage,
+    ServerPhase,
+    ServerPlugin,
+    ServerRefinement,
+    TrainableServerPhase,
+)
+from fedhet.errors import ConfigError
+from fedhet.federation.trainer import TrainerTemplate, silence_lightning
+from fedhet.hparams import Hyperparameters, LocalOptimizer
+from tests.algorithms.helpers import TinyLinear, context, one_batch_loader
+
+FORMAT = DataFormat(image_size=2, channels=1, mean=(0.0,), std=(1.0,), num_classes=2)
+
+
+def _evaluated(kind: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Validate or test a TinyLinear client on 4 points it classifies 3 right: (logged, progress-bar metrics)."""
+    silence_lightning()
+    client = ClientModule(TinyLinear(), num_classes=2)
+    x = torch.tensor([[2.0, 0.0], [0.0, 3.0], [1.0, 0.5], [0.2, 0.1]])  # argmax: 0, 1, 0, 0
+    y = torch.tensor([0, 1, 0, 1])
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    run = trainer.validate if kind == "val" else trainer.test
+    (logged,) = run(client, dataloaders=one_batch_loader(x, y), verbose=False)
+    return logged, {key: float(value) for key, value in trainer.progress_bar_metrics.items()}
+
+
+def test_validation_and_test_steps_log_the_batch_accuracy():
+    """``val/acc`` (in the progress bar) and ``test/acc`` are the share of argmax predictions equal to the labels."""
+    logged, progress = _evaluated("val")
+    assert logged == {"val/acc": pytest.approx(0.75)}
+    assert progress == {"val/acc": pytest.approx(0.75)}
+    logged, progress = _evaluated("test")
+    assert logged == {"test/acc": pytest.approx(0.75)}
+    assert progress == {}
+
+
+class _Stage(RefineStage):
+    pass
+
+
+class _Server(TrainableServerPhase):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 1)
+
+
+class _Refinement(ServerRefinement):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 2)
+        self.rounds: list[int] = []
+
+    def begin_round(self, round_idx, uploads):
+        self.rounds.append(round_idx)
+
+
+class _Base(ServerPhase):
+    """A base server recording what the wrapper passes on."""
+
+    def __init__(self) -> None:
+        self.aggregated: list[int] = []
+        self.loaded: object = None
+
+    def aggregate(self, round_idx, uploads):
+        self.aggregated.append(round_idx)
+
+    def server_state(self):
+        return {"kept": torch.tensor([1.0])}
+
+    def load_server_state(self, state):
+        self.loaded = state
+
+
+def test_default_refine_budget_server_loader_and_aggregator_support():
+    """One pass named ``refine`` by default; a stage without a loader names itself; no custom aggregator by default."""
+    assert _Stage().refine_budget() == LocalStage(name="refine", epochs=1, steps=None, manual=False)
+    with pytest.raises(NotImplementedError, match=r"^_Stage must define server_dataloader\(seed\)$"):
+        _Stage().server_dataloader(0)
+    assert ServerPhase().supports_aggregator() is False
+
+
+def test_a_trainable_server_and_a_refinement_restore_their_module_state():
+    """``server_state`` / ``refinement_state`` round-trip into a fresh module with other weights."""
+    for make, save, load in ((_Server, "server_state", "load_server_state"),
+                             (_Refinement, "refinement_state", "load_refinement_state")):  # fmt: skip
+        torch.manual_seed(0)
+        source = make()
+        torch.manual_seed(1)
+        target = make()
+        getattr(target, load)(getattr(source, save)())
+        for key, value in source.state_dict().items():
+            assert torch.equal(target.state_dict()[key], value), (make.__name__, key)
+
+
+def test_a_refined_server_passes_the_round_context_and_state_to_both_parts():
+    """The base, then the refinement, get the round index; the state is keyed ``base`` and ``refinement``."""
+    base, refinement = _Base(), _Refinement()
+    server = RefinedServer(base, refinement)
+    ctx = context()
+    server.setup_server(ctx)
+    assert refinement.base is base and refinement.context is ctx
+    server.aggregate(3, [])
+    assert base.aggregated == [3] and refinement.rounds == [3]
+    state = server.server_state()
+    assert set(state) == {"base", "refinement"}
+    assert torch.equal(state["base"]["kept"], torch.tensor([1.0]))
+    assert set(state["refinement"]) == {"layer.weight", "layer.bias"}
+    torch.manual_seed(5)
+    fresh = _Refinement()
+    again = RefinedServer(_Base(), fresh)
+    again.load_server_state(state)
+    assert again.base.loaded is state["base"]
+    assert torch.equal(fresh.layer.weight, refinement.layer.weight)
+    server.round_idx = 7  # the run position lives on the base server
+    assert base.round_idx == 7 and server.round_idx == 7
+
+
+class _Phase(CollaborativePhase):
+    def collaborative_losses(self, x):
+        return [nn.functional.mse_loss(client(x), torch.zeros(len(x), 2)) for client in self.clients]
+
+
+def test_a_lock_step_phase_steps_a_single_client_with_its_own_optimizer():
+    """Manual optimisation, zeroed byte counters, the client's optimizer; one client (no optimizer list) steps too."""
+    silence_lightning()
+    client = ClientModule(TinyLinear(), num_classes=2, lr=0.5)
+    phase = _Phase([client])
+    assert phase.automatic_optimization is False
+    assert (phase.exchanged_bytes_up, phase.exchanged_bytes_down) == (0, 0)
+    optimizer = phase.client_optimizer(client)
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["lr"] == 0.5
+    x = torch.tensor([[1.0, 0.0]])
+    # the loss (x W^T)^2 / 2 per output: gradient x^T (x W^T) / 1 per row, for W = I: [[1, 0], [0, 0]] (mean over 2)
+    TrainerTemplate(max_epochs=1, accelerator="cpu").build().fit(phase, train_dataloaders=one_batch_loader(x, x))
+    assert torch.allclose(client.model.head.weight, torch.tensor([[0.5, 0.0], [0.0, 1.0]]))
+    with pytest.raises(NotImplementedError, match=r"^CollaborativePhase must define collaborative_losses\(\)$"):
+        CollaborativePhase([client]).collaborative_losses(x)
+
+
+def test_the_client_optimizer_is_the_methods_local_optimizer_fields():
+    """An Algorithm's client optimizer is its ``hp`` projected onto the shared LocalOptimizer declaration."""
+    method = ALGORITHMS["fedprox"](lr=0.3, momentum=0.9, weight_decay=1e-3, mu=0.5)
+    assert method.client_optimizer() == LocalOptimizer(optimizer="sgd", lr=0.3, momentum=0.9, weight_decay=1e-3)
+
+
+class _NeedsPublic(ServerRefinement):
+    pass
+
+
+class _Plugin(ServerPlugin):
+    Hparams = Hyperparameters
+    refinement_needs_public_data = True
+    refinement_heterogeneous_models = True
+
+    def build_refinement(self):
+        return _NeedsPublic()
+
+
+class _Lockstep(Algorithm):
+    def collaborative_epochs(self) -> int:
+        return 1
+
+
+class _Bare(ServerPlugin):
+    Hparams = Hyperparameters
+
+
+def test_a_plugin_checks_its_base_and_merges_its_capabilities():
+    """The plugin's needs join the base's; a base with even one lock-step epoch is refused, naming both."""
+    fedavg = ALGORITHMS["fedavg"]()
+    plugin = _Plugin(base=fedavg)
+    assert fedavg.capabilities.needs_public_data is False and fedavg.capabilities.heterogeneous_models is False
+    assert plugin.capabilities == dataclasses.replace(fedavg.capabilities, needs_public_data=True,
+                                                      heterogeneous_models=True)  # fmt: skip
+    plain = type("_Plain", (ServerPlugin,), {"Hparams": Hyperparameters})(base=fedavg)
+    assert plain.capabilities == fedavg.capabilities
+    with pytest.raises(ConfigError, match=r"^_Plugin refines a server, but _Lockstep has a lock-step phase$"):
+        _Plugin(base=_Lockstep())
+    with pytest.raises(NotImplementedError, match=r"^_Bare must define build_refinement\(\)$"):
+        _Bare(base=fedavg).build_refinement()
+
+
+def test_a_plugin_without_a_default_base_names_the_config_key(monkeypatch):
+    """With no base given and none by default, the error names the plugin and ``method.init_args.base``."""
+    monkeypatch.setattr(ServerPlugin, "default_base", None)
+    with pytest.raises(ConfigError, match=r"^_Plugin needs a base method: method.init_args.base$"):
+        _Plugin()
+
+
+class _Recording(Algorithm):
+    """A base that records what a plugin forwards to it."""
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        self.calls: list[tuple] = []
+
+    def configure(self, data_format):
+        super().configure(data_format)
+        self.calls.append(("configure", data_format))
+
+    def build_client(self, model, num_classes):
+        self.calls.append(("build_client", model, num_classes))
+        return "client"
+
+    def initialisation_of(self, client_id):
+        self.calls.append(("initialisation_of", client_id))
+        return 40 + client_id
+
+    def evaluation_models(self, server, clients):
+        self.calls.append(("evaluation_models", server, clients))
+        return {}
+
+
+def test_a_plugin_forwards_every_client_side_question_to_its_base():
+    """Configuration, clients, initialisation and evaluation models are the base's, with the arguments given."""
+    base = _Recording()
+    plugin = _Plugin(base=base)
+    plugin.configure(FORMAT)
+    model = nn.Linear(1, 1)
+    states = ClientStates(architectures=("x",), module_state=dict, num_examples=int, build_network=nn.Linear)
+    server = object()
+    assert plugin.data_format == FORMAT
+    assert plugin.build_client(model, 7) == "client"
+    assert plugin.initialisation_of(2) == 42
+    assert plugin.evaluation_models(server, states) == {}
+    assert base.calls == [("configure", FORMAT), ("build_client", model, 7), ("initialisation_of", 2),
+                          ("evaluation_models", server, states)]  # fmt: skip
+
+
+def test_label_counts_are_read_from_the_context_or_counted_once_on_demand():
+    """Given counts win; without them the source counts; with neither there are none."""
+    counts = torch.tensor([[1, 2], [3, 4]])
+    calls = []
+
+    def source():
+        calls.append(1)
+        return counts * 10
+
+    given = dataclasses.replace(context(), label_counts=counts, label_counts_source=source)
+    assert given.client_label_counts() is counts and calls == []
+    lazy = dataclasses.replace(context(), label_counts_source=source)
+    assert torch.equal(lazy.client_label_counts(), counts * 10) and calls == [1]
+    assert context().client_label_counts() is None
