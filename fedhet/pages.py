@@ -1214,10 +1214,24 @@ def grid_command(
 CLAIMS_PAGE = Path("docs/results/claims.md")
 
 
+def script_page_claims(record: Path) -> tuple[str, dict[str, str], list[dict[str, Any]]]:
+    """The title, row names and computed claims a script's page json holds (see :func:`claims_page`)."""
+    try:
+        payload = json.loads(record.read_text())
+        return payload["title"], payload["names"], payload["claims"]
+    except FileNotFoundError:
+        raise ConfigError(f"{record}: no such page json; run the script that writes it first") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ConfigError(f"{record}: not a page json with title, names and claims ({error})") from None
+
+
 def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
     """Every claim the grids declare, with the verdict and interval their pages' json computed; written to ``page``.
 
     A grid whose page has no json yet (never run) is listed as not run, its claims without verdicts.
+    A ``.json`` path is a page a script writes (an experiment that is not a federated run, such as
+    FedMD-CG's gradient-inversion attack): its json holds the page's ``title``, the row ``names``
+    and the ``claims`` it computed with :func:`fedhet.statistics.paired_difference`.
     """
     lines = [
         "# Claims of the papers and their verdicts",
@@ -1231,6 +1245,12 @@ def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
     header = len(lines)  # "In all" goes right after it
     tally: dict[str, int] = {}
     for path in grid_paths:
+        if path.endswith(".json"):
+            title, names, results = script_page_claims(Path(path))
+            lines += [f"## [{title}]({Path(path).with_suffix('.md').name})", "", claims_markdown(results, names), ""]
+            for result in results:
+                tally[result["verdict"]] = tally.get(result["verdict"], 0) + 1
+            continue
         grid = parse_grid(path)
         record = grid.page.with_suffix(".json")
         lines.append(f"## [{grid.title}]({grid.page.name})")
