@@ -30,7 +30,8 @@ from fedhet.algorithms.base import (
     ServerRefinement,
     TrainableServerPhase,
 )
-from fedhet.errors import ConfigError
+from fedhet.core.payloads import ClassStatsPayload
+from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 from fedhet.hparams import Hyperparameters, LocalOptimizer
 from tests.algorithms.helpers import TinyLinear, context, one_batch_loader
@@ -124,7 +125,7 @@ def test_a_refined_server_passes_the_round_context_and_state_to_both_parts():
     server = RefinedServer(base, refinement)
     ctx = context()
     server.setup_server(ctx)
-    assert refinement.base is base and refinement.context is ctx
+    assert server.context is ctx and refinement.base is base and refinement.context is ctx
     server.aggregate(3, [])
     assert base.aggregated == [3] and refinement.rounds == [3]
     state = server.server_state()
@@ -161,6 +162,42 @@ def test_a_lock_step_phase_steps_a_single_client_with_its_own_optimizer():
     assert torch.allclose(client.model.head.weight, torch.tensor([[0.5, 0.0], [0.0, 1.0]]))
     with pytest.raises(NotImplementedError, match=r"^CollaborativePhase must define collaborative_losses\(\)$"):
         CollaborativePhase([client]).collaborative_losses(x)
+
+
+def test_a_lock_step_phase_drops_a_failed_participant_only_when_asked_and_counts_bytes():
+    """A failed check stops the run, or under ``drop_invalid`` leaves the participant out for good; bytes add up."""
+    phase = _Phase([ClientModule(TinyLinear(), num_classes=2)])
+    assert (phase.round_idx, phase.total_rounds, phase.drop_invalid, phase.value_bound, phase.dropped) == (
+        0, 1, False, None, {})  # fmt: skip
+    checked = []
+
+    def bad():
+        checked.append(1)
+        raise TrainingError("client 1 sent a NaN")
+
+    assert phase.accept(0, lambda: None) is True
+    with pytest.raises(TrainingError, match="client 1 sent a NaN"):
+        phase.accept(1, bad)
+    assert phase.dropped == {}
+    phase.drop_invalid = True
+    assert phase.accept(1, bad) is False and phase.dropped == {1: "client 1 sent a NaN"}
+    assert phase.accept(1, lambda: None) is False and checked == [1, 1]  # not checked again: out for the phase
+    logits = ClassStatsPayload(num_examples=0, values=torch.zeros(2, 3), counts=torch.ones(2, dtype=torch.long))
+    phase.record_upload(logits)
+    phase.record_upload(logits)
+    phase.record_download(logits, receivers=3)
+    phase.record_download(logits)
+    assert logits.nbytes() > 0
+    assert (phase.exchanged_bytes_up, phase.exchanged_bytes_down) == (2 * logits.nbytes(), 4 * logits.nbytes())
+
+
+def test_image_channels_are_the_scenarios_and_rgb_before_configure():
+    """3 before :meth:`configure` (and on an object whose own constructor skipped Algorithm's), then the scenario's."""
+    method = ALGORITHMS["fedavg"]()
+    assert method.image_channels() == 3
+    method.configure(FORMAT)
+    assert method.image_channels() == 1
+    assert Algorithm.__new__(Algorithm).image_channels() == 3
 
 
 def test_the_client_optimizer_is_the_methods_local_optimizer_fields():
