@@ -20,6 +20,7 @@ from fedhet.algorithms.base import (
     Algorithm,
     ClientModule,
     ClientStates,
+    ClientUpload,
     CollaborativePhase,
     DataFormat,
     LocalStage,
@@ -30,7 +31,7 @@ from fedhet.algorithms.base import (
     ServerRefinement,
     TrainableServerPhase,
 )
-from fedhet.core.payloads import ClassStatsPayload
+from fedhet.core.payloads import ClassStatsPayload, WeightsPayload
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation.trainer import TrainerTemplate, silence_lightning
 from fedhet.hparams import Hyperparameters, LocalOptimizer
@@ -304,3 +305,19 @@ def test_label_counts_are_read_from_the_context_or_counted_once_on_demand():
     lazy = dataclasses.replace(context(), label_counts_source=source)
     assert torch.equal(lazy.client_label_counts(), counts * 10) and calls == [1]
     assert context().client_label_counts() is None
+
+
+def test_an_upload_is_expected_by_type_integer_count_and_finite_values():
+    """``expect`` returns the payload, or names the client and the problem: type, count's type or sign, values."""
+    good = WeightsPayload(num_examples=3, weights={"w": torch.ones(2)})
+    assert ClientUpload(4, "x", good).expect(WeightsPayload, "WeightsPayload weights") is good
+    cases = [
+        (ClassStatsPayload(num_examples=3), "client 4 sent ClassStatsPayload, expected WeightsPayload weights"),
+        (WeightsPayload(num_examples=3.0), "client 4 sent an example count of type float, expected an int"),
+        (WeightsPayload(num_examples=True), "client 4 sent an example count of type bool, expected an int"),
+        (WeightsPayload(num_examples=-1), r"client 4 sent a negative example count \(-1\)"),
+        (WeightsPayload(num_examples=3, weights={"w": torch.tensor([float("nan")])}), "client 4 .*non-finite"),
+    ]
+    for payload, message in cases:
+        with pytest.raises(TrainingError, match=f"^{message}"):
+            ClientUpload(4, "x", payload).expect(WeightsPayload, "WeightsPayload weights")
