@@ -1225,6 +1225,13 @@ def script_page_claims(record: Path) -> tuple[str, dict[str, str], list[dict[str
         raise ConfigError(f"{record}: not a page json with title, names and claims ({error})") from None
 
 
+def _add_claims(lines: list[str], tally: dict[str, int], results: list[dict[str, Any]], names: dict[str, str]) -> None:
+    """Append a page's claims table to ``lines`` and count its verdicts in ``tally``."""
+    lines += [claims_markdown(results, names), ""]
+    for result in results:
+        tally[result["verdict"]] = tally.get(result["verdict"], 0) + 1
+
+
 def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
     """Every claim the grids declare, with the verdict and interval their pages' json computed; written to ``page``.
 
@@ -1247,9 +1254,8 @@ def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
     for path in grid_paths:
         if path.endswith(".json"):
             title, names, results = script_page_claims(Path(path))
-            lines += [f"## [{title}]({Path(path).with_suffix('.md').name})", "", claims_markdown(results, names), ""]
-            for result in results:
-                tally[result["verdict"]] = tally.get(result["verdict"], 0) + 1
+            lines += [f"## [{title}]({Path(path).with_suffix('.md').name})", ""]
+            _add_claims(lines, tally, results, names)
             continue
         grid = parse_grid(path)
         record = grid.page.with_suffix(".json")
@@ -1271,9 +1277,7 @@ def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
         if missing:
             lines += [f"**Partial**: {len(missing)} cells of the page are not recorded yet; these verdicts are over "
                       "the seeds recorded so far.", ""]  # fmt: skip
-        lines += [claims_markdown(results, names), ""]
-        for result in results:
-            tally[result["verdict"]] = tally.get(result["verdict"], 0) + 1
+        _add_claims(lines, tally, results, names)
     total = ", ".join(f"{count} {verdict}" for verdict, count in sorted(tally.items())) or "no claim has a verdict yet"
     lines.insert(header, f"In all: {total}.\n")
     text = "\n".join(lines).rstrip() + "\n"
