@@ -230,9 +230,13 @@ class Grid:
         """The one command that reruns the missing cells and rewrites the page."""
         return f"fedhet bench --grid {self.path}"
 
-    def json_command(self) -> str:
-        """The command that rewrites the page from its recorded runs alone."""
+    def continue_command(self) -> str:
+        """The command that runs the cells the page's json lacks, then rewrites the page."""
         return f"fedhet bench --grid {self.path} --from_json {self.page.with_suffix('.json')}"
+
+    def json_command(self) -> str:
+        """The command that rewrites the page from its recorded runs alone: it runs nothing."""
+        return f"{self.continue_command()} --report_only"
 
     def keys(self) -> list[str]:
         """Every number a run record keeps: the tables' and figures' ``block/metric`` keys, then the run numbers."""
@@ -1195,7 +1199,7 @@ def grid_command(
                                  on_done=save_progress)  # fmt: skip
     except KeyboardInterrupt as exc:
         exc.next_step = (f"what finished is in {grid.page.with_suffix('.json')}: continue with "  # type: ignore[attr-defined]
-                         f"'{grid.json_command()}'")  # fmt: skip
+                         f"'{grid.continue_command()}'")  # fmt: skip
         raise
     found = records()
     if not found and not studies:

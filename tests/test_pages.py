@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,11 @@ def test_page_from_run_directories_then_from_its_json(tmp_path, capsys, monkeypa
     assert main(["bench", "--grid", str(grid), "--from_json", str(saved), "--report_only"]) == 0
     assert (tmp_path / "docs" / "page.md").read_text() == page
     assert json.loads((tmp_path / "docs" / "page.json").read_text()) == payload
+    assert "cells to run" not in capsys.readouterr().out
+    # the command a page names for "from the recorded runs alone" runs nothing, though skew/local seed 1 is missing
+    json_command = shlex.split(parse_grid(grid).json_command())
+    assert json_command[-1] == "--report_only"
+    assert main(json_command[1:]) == 0 and (tmp_path / "docs" / "page.md").read_text() == page
     assert "cells to run" not in capsys.readouterr().out
 
     # a record made with other flags is not this grid's
