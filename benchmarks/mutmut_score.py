@@ -427,6 +427,11 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.base.xǁClientModuleǁ__init_subclass__: if upload is not None and not getattr(upload, "
     "\"__fedhet_guarded__\", None):": "an unguarded make_upload has no such attribute: the default None is as falsy "
     "as False",
+    "fedhet.algorithms.base.x__first_line: for line in (function.__doc__ or \"XXXX\").splitlines():": "a constructor "
+    "without a docstring has no line to match either way: the placeholder never starts with '<parameter>:'",
+    "fedhet.algorithms.base.x__first_line: return line.split(None, 1)[1].strip()": "the matched line starts with "
+    "'<parameter>:' and Google-style docstrings put a space after that colon: splitting at the first blank or at the "
+    "first colon leaves the same description once stripped",
 }
 
 

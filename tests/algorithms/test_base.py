@@ -9,10 +9,12 @@ handling, a plugin's constructor and delegation, and the label counts read on de
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from fedhet.algorithms import ALGORITHMS
@@ -30,6 +32,7 @@ from fedhet.algorithms.base import (
     ServerPlugin,
     ServerRefinement,
     TrainableServerPhase,
+    build_optimizer,
 )
 from fedhet.core.payloads import ClassStatsPayload, WeightsPayload
 from fedhet.errors import ConfigError, TrainingError
@@ -311,6 +314,8 @@ def test_an_upload_is_expected_by_type_integer_count_and_finite_values():
     """``expect`` returns the payload, or names the client and the problem: type, count's type or sign, values."""
     good = WeightsPayload(num_examples=3, weights={"w": torch.ones(2)})
     assert ClientUpload(4, "x", good).expect(WeightsPayload, "WeightsPayload weights") is good
+    empty = WeightsPayload(num_examples=0, weights={"w": torch.ones(2)})  # a client without examples may upload
+    assert ClientUpload(4, "x", empty).expect(WeightsPayload, "WeightsPayload weights") is empty
     cases = [
         (ClassStatsPayload(num_examples=3), "client 4 sent ClassStatsPayload, expected WeightsPayload weights"),
         (WeightsPayload(num_examples=3.0), "client 4 sent an example count of type float, expected an int"),
@@ -321,3 +326,53 @@ def test_an_upload_is_expected_by_type_integer_count_and_finite_values():
     for payload, message in cases:
         with pytest.raises(TrainingError, match=f"^{message}"):
             ClientUpload(4, "x", payload).expect(WeightsPayload, "WeightsPayload weights")
+
+
+def test_build_optimizer_passes_every_setting_to_the_named_optimizer():
+    """Each name builds its torch optimizer with the given lr, momentum (SGD only) and weight decay."""
+    expected = {
+        "sgd": (torch.optim.SGD, {"lr": 0.3, "momentum": 0.9, "weight_decay": 1e-3}),
+        "adam": (torch.optim.Adam, {"lr": 0.3, "weight_decay": 1e-3}),
+        "adamw": (torch.optim.AdamW, {"lr": 0.3, "weight_decay": 1e-3}),
+    }
+    for name, (kind, settings) in expected.items():
+        weight = nn.Parameter(torch.ones(2))
+        optimizer = build_optimizer([weight], name, lr=0.3, momentum=0.9, weight_decay=1e-3)
+        assert type(optimizer) is kind
+        (group,) = optimizer.param_groups
+        assert group["params"] == [weight] and {k: group[k] for k in settings} == settings
+    with pytest.raises(ValueError, match=r"^unknown optimizer 'lbfgs'; use 'sgd', 'adam' or 'adamw'$"):
+        build_optimizer([nn.Parameter(torch.ones(2))], "lbfgs", lr=0.1, momentum=0.0, weight_decay=0.0)
+
+
+def test_a_new_client_starts_in_the_local_stage_and_saves_its_plain_arguments():
+    """Before the runtime sets them: local stage, federation phase, round 0 of 1; hparams = arguments + knobs, no hp."""
+    client = ClientModule(TinyLinear(), num_classes=2, hp=LocalOptimizer(lr=0.3, momentum=0.5))
+    assert (client.stage, client.phase, client.round_idx, client.total_rounds) == ("local", "federation", 0, 1)
+    assert dict(client.hparams) == {"num_classes": 2, "optimizer": "sgd", "lr": 0.3, "momentum": 0.5,
+                                    "weight_decay": 0.0}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^ClientModule: LocalOptimizer has no hyperparameter lrr; it has lr, "):
+        ClientModule(TinyLinear(), num_classes=2, lrr=0.2)
+    alone = ClientModule(TinyLinear(), num_classes=3, lr=0.2)  # built alone: the declared defaults plus overrides
+    assert dict(alone.hparams) == {"num_classes": 3, "optimizer": "sgd", "lr": 0.2, "momentum": 0.0,
+                                   "weight_decay": 0.0}  # fmt: skip
+
+
+def test_the_training_loss_is_logged_per_step_and_per_epoch_only_with_a_logger(tmp_path):
+    """``train/loss`` goes to the logger (step and epoch values) and the progress bar; without a logger, nowhere."""
+    silence_lightning()
+    x, y = torch.tensor([[2.0, 0.0], [0.0, 3.0]]), torch.tensor([0, 0])
+    # identity TinyLinear: logits = x; CE = mean(log(1 + e^-2), log(1 + e^3)) = (0.126928 + 3.048587) / 2
+    loss = (math.log1p(math.exp(-2.0)) + math.log1p(math.exp(3.0))) / 2
+    client = ClientModule(TinyLinear(), num_classes=2, lr=1e-12)  # a step too small to change the second loss
+    assert client.training_step((x, y), 0).item() == pytest.approx(loss, abs=1e-6)  # no trainer: nothing logged
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=CSVLogger(tmp_path), enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    trainer.fit(client, one_batch_loader(x, y))
+    logged = {key: float(value) for key, value in trainer.logged_metrics.items()}
+    assert logged == pytest.approx({"train/loss_step": loss, "train/loss_epoch": loss}, abs=1e-6)
+    assert set(trainer.progress_bar_metrics) == {"train/loss_step", "train/loss_epoch"}
+    quiet = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
+                       enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    quiet.fit(ClientModule(TinyLinear(), num_classes=2, lr=1e-12), one_batch_loader(x, y))
+    assert not quiet.logged_metrics and not quiet.callback_metrics

@@ -107,6 +107,15 @@ def test_generated_constructor_is_the_declaration_with_its_meanings():
     class WeightedChild(Weighted):
         pass
 
+    class Undocumented(Algorithm):
+        Hparams = MixHparams
+
+        def __init__(self, scale: float, **values):  # noqa: D107 (no docstring: its parameter has no line to copy)
+            super().__init__(**values)
+
+    class UndocumentedChild(Undocumented):
+        pass
+
     keyword = inspect.Parameter.KEYWORD_ONLY
     knobs_declared = [
         inspect.Parameter("mix", keyword, default=0.25, annotation=NonNegativeFloat),
@@ -132,6 +141,7 @@ def test_generated_constructor_is_the_declaration_with_its_meanings():
     assert inspect.signature(WeightedChild) == inspect.Signature([weights, *knobs_declared], return_annotation=None)
     weights_line = "        weights: the per-client weights: one number per client"  # its own colon kept
     assert WeightedChild.__init__.__doc__.splitlines()[3] == weights_line
+    assert UndocumentedChild.__init__.__doc__.splitlines()[3] == "        scale: "  # no made-up meaning
     child = WeightedChild([0.5, 0.5], rounds_kept=1)
     assert (child.weights, child.hp.rounds_kept) == ([0.5, 0.5], 1)
     with pytest.raises(ConfigError, match=r"WeightedChild: .*'mixx'.*its hyperparameters: mix, rounds_kept"):
