@@ -432,6 +432,9 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.base.x__first_line: return line.split(None, 1)[1].strip()": "the matched line starts with "
     "'<parameter>:' and Google-style docstrings put a space after that colon: splitting at the first blank or at the "
     "first colon leaves the same description once stripped",
+    **{f"fedhet.algorithms.base.xǁClientModuleǁtraining_step: self.log(\"train/loss\", loss, {arguments})": "in "
+       "training_step Lightning's self.log takes on_step=None (or no on_step) as True, the default of that hook"
+       for arguments in ("on_step=None, on_epoch=True, prog_bar=True", "on_epoch=True, prog_bar=True")},
 }
 
 
