@@ -340,6 +340,33 @@ def test_a_grid_extends_another_and_keeps_only_some_rows(tmp_path, capsys, monke
             parse_grid(child)
 
 
+def test_every_grid_page_is_what_its_json_alone_rewrites(monkeypatch):
+    """Each shipped grid page equals the page its own json renders (what ``--from_json ... --report_only`` writes).
+
+    A page whose runs its json no longer matches (a renamed config key, a changed config) or whose text
+    was edited by hand fails here, not when someone next tries to regenerate it. Figures are not redrawn.
+    """
+    from fedhet import bench, pages
+    from fedhet.tracking import figures
+
+    monkeypatch.chdir(ROOT)
+    for module, writer in ((bench, "curves_png"), (pages, "bars_png"), (figures, "images_figure")):
+        monkeypatch.setattr(module, writer, lambda *args, **kwargs: None)  # decide each figure, write no file
+    checked = 0
+    for path in sorted((ROOT / "configs" / "grids").glob("*.yaml")):
+        grid = parse_grid(path.relative_to(ROOT))
+        recorded = grid.page.with_suffix(".json")
+        if not (grid.page.is_file() and recorded.is_file()):
+            continue  # a page not written yet (its bench still running)
+        cells = grid.cells()
+        studies = pages.studies_from_json(recorded) if grid.tuning is not None else {}
+        records, failures = pages.records_from_json(recorded, cells), pages.failures_from_json(recorded, cells)
+        text, _ = pages.render_page(grid, records, studies, pages.studies_threads(recorded), failures)
+        assert text == grid.page.read_text(), f"{grid.page} differs from what {recorded} rewrites"
+        checked += 1
+    assert checked >= 10
+
+
 def test_every_results_page_names_the_command_that_regenerates_it():
     """A page under docs/results/ names its grid (``fedhet bench --grid``) or, not yet a grid, its existing script."""
     import re
