@@ -435,6 +435,12 @@ EQUIVALENT: dict[str, str] = {
     **{f"fedhet.algorithms.base.xǁClientModuleǁtraining_step: self.log(\"train/loss\", loss, {arguments})": "in "
        "training_step Lightning's self.log takes on_step=None (or no on_step) as True, the default of that hook"
        for arguments in ("on_step=None, on_epoch=True, prog_bar=True", "on_epoch=True, prog_bar=True")},
+    "fedhet.algorithms.base.x__hparams_init: if \"__init__\" in base.__dict__ and getattr(base.__dict__[\"__init__\"], "
+    "\"__fedhet_extra_parameters__\", None)": "an unflagged constructor has no such attribute: the default None is as "
+    "falsy as False",
+    **{f"fedhet.algorithms.base.x__hparams_init: hints = typing.get_type_hints(parent_init, {arguments})": "without "
+       "globalns, get_type_hints reads a function's own __globals__, which for a constructor written in a module is "
+       "that module's namespace: the same names resolve" for arguments in ("globalns=None", "")},
 }
 
 

@@ -787,13 +787,13 @@ def _hparams_init(cls: type) -> Callable[..., None]:
     __init__.__annotations__ = {p.name: p.annotation for p in parameters[1:]} | {"return": None}
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__module__ = cls.__module__
-    lines = [f"        {p.name}: {_first_line(hints, p, parent_init)}" for p in extra]
+    lines = [f"        {p.name}: {_first_line(p, parent_init)}" for p in extra]
     lines += [f"        {k.name}: {k.help}" for k in declared]
     __init__.__doc__ = f"{cls.__name__}'s hyperparameters ({cls.Hparams.__name__}).\n\n    Args:\n" + "\n".join(lines)  # type: ignore[attr-defined]
     return __init__
 
 
-def _first_line(hints: dict[str, Any], parameter: inspect.Parameter, function: Callable[..., Any]) -> str:
+def _first_line(parameter: inspect.Parameter, function: Callable[..., Any]) -> str:
     """The docstring line of ``parameter`` in ``function``'s ``Args:`` section (empty if none)."""
     for line in (function.__doc__ or "").splitlines():
         if line.strip().startswith(f"{parameter.name}:"):

@@ -376,3 +376,40 @@ def test_the_training_loss_is_logged_per_step_and_per_epoch_only_with_a_logger(t
                        enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
     quiet.fit(ClientModule(TinyLinear(), num_classes=2, lr=1e-12), one_batch_loader(x, y))
     assert not quiet.logged_metrics and not quiet.callback_metrics
+
+
+def test_a_refined_servers_run_position_is_its_base_servers():
+    """``phase``, ``round_idx`` and ``total_rounds`` set on the wrapper land on the base, and read back from it."""
+    base = ServerPhase()
+    wrapper = RefinedServer(base, ServerRefinement())
+    wrapper.phase, wrapper.round_idx, wrapper.total_rounds = "finetune", 3, 7
+    assert (base.phase, base.round_idx, base.total_rounds) == ("finetune", 3, 7)
+    base.round_idx = 4
+    assert wrapper.round_idx == 4 and "round_idx" not in vars(wrapper)
+    doc = "The base server's ``phase`` (set by the loop on the wrapper, read by the base)."
+    assert RefinedServer.phase.__doc__ == doc
+
+
+def test_a_subclass_make_upload_is_guarded_once():
+    """A subclass's ``make_upload`` runs in eval mode without autograd, returns a detached copy, is wrapped once."""
+    seen = {}
+
+    class Uploading(ClientModule):
+        def make_upload(self, train_batches):
+            seen.update(training=self.training, grad=torch.is_grad_enabled())
+            return WeightsPayload(num_examples=1, weights={"w": self.model.head.weight})  # the live parameter
+
+    class Inheriting(Uploading):
+        pass
+
+    class Reusing(ClientModule):
+        make_upload = Uploading.make_upload
+
+    assert Uploading.make_upload.__fedhet_guarded__ is True
+    assert Inheriting.make_upload is Uploading.make_upload and Reusing.make_upload is Uploading.make_upload
+    client = Inheriting(TinyLinear(), num_classes=2).train()
+    weight = client.make_upload([]).weights["w"]
+    assert seen == {"training": False, "grad": False} and client.training  # the mode is restored afterwards
+    live = client.model.head.weight
+    assert torch.equal(weight, torch.eye(2)) and not weight.requires_grad
+    assert weight.untyped_storage().data_ptr() != live.untyped_storage().data_ptr()

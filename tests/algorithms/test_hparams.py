@@ -110,8 +110,15 @@ def test_generated_constructor_is_the_declaration_with_its_meanings():
     class Undocumented(Algorithm):
         Hparams = MixHparams
 
-        def __init__(self, scale: float, **values):  # noqa: D107 (no docstring: its parameter has no line to copy)
+        def __init__(self, scale, **values):  # noqa: ANN001, D107 (no annotation, no docstring to copy)
             super().__init__(**values)
+
+    class Mixin:
+        def __init__(self, tag=None, **values):  # noqa: ANN001 (not an Algorithm's: the generated constructor skips it)
+            super().__init__(**values)
+
+    class MixedIn(Mixin, Mix):
+        pass
 
     class UndocumentedChild(Undocumented):
         pass
@@ -142,6 +149,11 @@ def test_generated_constructor_is_the_declaration_with_its_meanings():
     weights_line = "        weights: the per-client weights: one number per client"  # its own colon kept
     assert WeightedChild.__init__.__doc__.splitlines()[3] == weights_line
     assert UndocumentedChild.__init__.__doc__.splitlines()[3] == "        scale: "  # no made-up meaning
+    scale = inspect.signature(UndocumentedChild).parameters["scale"]
+    assert scale.annotation is inspect.Parameter.empty  # none given, none made up
+    assert list(inspect.signature(Mix.__init__).parameters)[:2] == ["self", "mix"]
+    assert inspect.signature(MixedIn) == inspect.Signature(knobs_declared, return_annotation=None)
+    assert MixedIn(mix=0.5).hp == MixHparams(mix=0.5, rounds_kept=3)
     child = WeightedChild([0.5, 0.5], rounds_kept=1)
     assert (child.weights, child.hp.rounds_kept) == ([0.5, 0.5], 1)
     with pytest.raises(ConfigError, match=r"WeightedChild: .*'mixx'.*its hyperparameters: mix, rounds_kept"):
