@@ -44,6 +44,7 @@ def now() -> float:
 
 
 def build_scenario(image_size: int, batch_size: int) -> LabelSkewScenario:
+    """The benchmark's label-skew MNIST: 10 Dirichlet(0.1) clients of about 100 images (few steps per fit)."""
     scenario = LabelSkewScenario(
         dataset="mnist",
         num_clients=10,
@@ -57,6 +58,7 @@ def build_scenario(image_size: int, batch_size: int) -> LabelSkewScenario:
 
 
 def run_fedhet(scenario: LabelSkewScenario, model: str, rounds: int, epochs: int, lr: float) -> tuple[float, dict]:
+    """FedAvg through fedhet's round loop: (seconds on the benchmark's clock, final global weights)."""
     loop = FederationLoop(
         FedAvg(optimizer="sgd", lr=lr, momentum=0.9),
         scenario,
@@ -107,10 +109,12 @@ def run_plain(scenario: LabelSkewScenario, model: str, rounds: int, epochs: int,
 
 
 def main() -> None:
+    """Alternate the two loops --repeats times and print the medians and their ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5, help="alternate the two loops this many times; report medians")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="alternate the two loops this many times; report medians")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="resnet12_tiny")
     parser.add_argument("--image_size", type=int, default=28)
@@ -125,7 +129,8 @@ def main() -> None:
     logging.getLogger("fedhet").setLevel(logging.WARNING)
     scenario = build_scenario(args.image_size, args.batch_size)
     steps = sum(len(scenario.train_loader(c, 0)) for c in range(scenario.num_clients)) * args.epochs * args.rounds
-    print(f"FedAvg, {scenario.num_clients} clients, model {args.model}, {args.rounds} rounds x {args.epochs} local epochs, "
+    print(f"FedAvg, {scenario.num_clients} clients, model {args.model}, "
+          f"{args.rounds} rounds x {args.epochs} local epochs, "
           f"{steps} local steps per run, batch {args.batch_size}, {args.image_size}px, {args.threads} threads, "
           f"{args.clock} clock")
     run_plain(scenario, args.model, 1, 1, args.lr)  # warm-up (allocator, kernels) for both paths
@@ -136,7 +141,8 @@ def main() -> None:
         plain_s, plain_weights = run_plain(scenario, args.model, args.rounds, args.epochs, args.lr)
         fedhet_times.append(fedhet_s)
         plain_times.append(plain_s)
-        difference = max(float((fedhet_weights[k].double() - plain_weights[k].double()).abs().max()) for k in plain_weights)
+        difference = max(float((fedhet_weights[k].double() - plain_weights[k].double()).abs().max())
+                         for k in plain_weights)
         print(f"repeat {repeat + 1}: fedhet {fedhet_s:.2f}s  plain {plain_s:.2f}s  "
               f"ratio {fedhet_s / plain_s:.3f}  max |w_fedhet - w_plain| = {difference:.2e}")
     fedhet_median = sorted(fedhet_times)[len(fedhet_times) // 2]

@@ -98,6 +98,7 @@ def training_distribution(name: str) -> tuple[tuple[str, ...], bool] | None:
 
 
 def measure(names: list[str], samples: int, real_count: int, seed: int) -> dict[str, Any]:
+    """Pixel and feature spread and coverage of each generator's samples against real images."""
     from fedhet.generators import load_generator
 
     torch.set_num_threads(1)
@@ -144,8 +145,10 @@ def measure(names: list[str], samples: int, real_count: int, seed: int) -> dict[
 
 
 def markdown(result: dict[str, Any]) -> str:
+    """The measurements as a Markdown table, one row per generator and one for the real common pool."""
     lines = [
-        "| generator | trained on | pixel spread (x its data) | feature spread (x its data) | coverage of own data | coverage of common pool |",
+        "| generator | trained on | pixel spread (x its data) | feature spread (x its data) | coverage of own data "
+        "| coverage of common pool |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in result["generators"].items():
@@ -153,7 +156,8 @@ def markdown(result: dict[str, Any]) -> str:
         pixel = f"{row['pixel_spread']:.3f}" + (f" ({row['pixel_spread_vs_data']:.2f}x)" if own else "")
         feature = f"{row['feature_spread']:.3f}" + (f" ({row['feature_spread_vs_data']:.2f}x)" if own else "")
         lines.append(f"| `{name}` | {row.get('trained_on', '— (random weights)')} | {pixel} | {feature} | "
-                     f"{row['coverage_own_data']:.2f} | " if own else f"| `{name}` | — (random weights) | {pixel} | {feature} | — | ")
+                     f"{row['coverage_own_data']:.2f} | " if own
+                     else f"| `{name}` | — (random weights) | {pixel} | {feature} | — | ")
         lines[-1] += f"{row['coverage_common']:.2f} |"
     reference = result["common_reference"]
     lines.append(f"| *common pool, real images* | {'+'.join(reference['sources'])} | {reference['pixel_spread']:.3f} "
@@ -162,6 +166,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    """Measure the generators named on the command line and print (and optionally save) the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generators", nargs="+", default=["untrained", "embedded-stylegan", "embedded-stylegan-pool"])
     parser.add_argument("--samples", type=int, default=512)

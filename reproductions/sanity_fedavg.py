@@ -29,12 +29,15 @@ from fedhet.models import create_model
 
 
 def scenario(partitioner, seed: int) -> LabelSkewScenario:
-    built = LabelSkewScenario(dataset="mnist", num_clients=10, partitioner=partitioner, image_size=28, batch_size=32, seed=seed)
+    """10 clients of the embedded MNIST split by ``partitioner``, set up."""
+    built = LabelSkewScenario(dataset="mnist", num_clients=10, partitioner=partitioner, image_size=28, batch_size=32,
+                              seed=seed)
     built.setup()
     return built
 
 
 def federated(algorithm, data: LabelSkewScenario, model: str, rounds: int, epochs: int, seed: int) -> dict:
+    """One federated run of ``algorithm``; its final metrics."""
     loop = FederationLoop(
         algorithm, data, [model] * data.num_clients, TrainerTemplate(max_epochs=epochs, accelerator="cpu"),
         rounds=rounds, seed=seed, settings=FederationSettings(eval_every=rounds),
@@ -62,6 +65,7 @@ def centralised(data: LabelSkewScenario, model: str, passes: int, lr: float, see
 
 
 def main() -> None:
+    """Centralised, FedAvg and Local at each seed, then the table of means."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--epochs", type=int, default=1)
@@ -73,11 +77,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     silence_lightning()
     logging.getLogger("fedhet").setLevel(logging.WARNING)
-    rows: dict[str, list[float]] = {k: [] for k in ("central", "fedavg_iid", "fedavg_dir", "local_dir", "fedavg_dir_local", "local_dir_local")}
+    settings = ("central", "fedavg_iid", "fedavg_dir", "local_dir", "fedavg_dir_local", "local_dir_local")
+    rows: dict[str, list[float]] = {k: [] for k in settings}
     for seed in args.seeds:
         iid = scenario(IIDPartitioner(), seed)
         rows["central"].append(centralised(iid, args.model, args.rounds * args.epochs, args.lr, seed))
-        rows["fedavg_iid"].append(federated(FedAvg(lr=args.lr, momentum=0.9), iid, args.model, args.rounds, args.epochs, seed)["acc_global"])
+        on_iid = federated(FedAvg(lr=args.lr, momentum=0.9), iid, args.model, args.rounds, args.epochs, seed)
+        rows["fedavg_iid"].append(on_iid["acc_global"])
         skew = scenario(DirichletPartitioner(beta=0.1, min_size=20), seed)
         fedavg = federated(FedAvg(lr=args.lr, momentum=0.9), skew, args.model, args.rounds, args.epochs, seed)
         local = federated(Local(lr=args.lr, momentum=0.9), skew, args.model, args.rounds, args.epochs, seed)
@@ -90,11 +96,13 @@ def main() -> None:
     def cell(values: list[float]) -> str:
         return f"{statistics.mean(values):.2f} ± {statistics.pstdev(values):.2f}"
 
-    print(f"\n{args.model}, 10 clients, {args.rounds} rounds x {args.epochs} local epochs, SGD lr {args.lr} momentum 0.9, "
+    print(f"\n{args.model}, 10 clients, {args.rounds} rounds x {args.epochs} local epochs, "
+          f"SGD lr {args.lr} momentum 0.9, "
           f"batch 32, seeds {args.seeds}\n")
     print("| setting | global test accuracy (%) | local accuracy (%) |")
     print("| --- | --- | --- |")
-    print(f"| centralised (same model, union of client data, {args.rounds * args.epochs} epochs) | {cell(rows['central'])} | |")
+    epochs = args.rounds * args.epochs
+    print(f"| centralised (same model, union of client data, {epochs} epochs) | {cell(rows['central'])} | |")
     print(f"| FedAvg, IID | {cell(rows['fedavg_iid'])} | |")
     print(f"| FedAvg, Dirichlet 0.1 | {cell(rows['fedavg_dir'])} | {cell(rows['fedavg_dir_local'])} |")
     print(f"| Local, Dirichlet 0.1 | {cell(rows['local_dir'])} | {cell(rows['local_dir_local'])} |")
