@@ -71,10 +71,15 @@ EXTRA_TESTS = {
     "fedhet/algorithms/base.py": ["tests/algorithms/test_contract.py", "tests/algorithms/test_hparams.py",
                                   "tests/algorithms/test_oracle_fedavg_family.py",
                                   "tests/federation/test_contract_v2.py", "tests/federation/test_lr_schedule.py"],
+    # the shared parts' own tests (test_common.py) and those of the methods built from them
     "fedhet/algorithms/shared/common.py": ["tests/algorithms/test_oracle_partial.py",
                                            "tests/algorithms/test_oracle_distillation.py",
                                            "tests/algorithms/test_oracle_prototypes.py",
-                                           "tests/algorithms/test_oracle_fccl_plus.py"],
+                                           "tests/algorithms/test_oracle_fccl_plus.py",
+                                           "tests/algorithms/test_oracle_fedavg_family.py",
+                                           *(f"tests/algorithms/test_{name}.py" for name in (
+                                               "fedavg", "fedproto", "feddyn", "scaffold", "moon", "fedmd",
+                                               "lockstep_drop", "fml", "fedkd"))],
     "fedhet/algorithms/shared/cross_correlation.py": ["tests/algorithms/test_oracle_fccl_plus.py",
                                                       "tests/algorithms/test_fccl_plus.py"],
     "fedhet/algorithms/shared/generators.py": ["tests/algorithms/test_oracle_fedmdcg.py",
