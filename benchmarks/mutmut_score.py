@@ -446,6 +446,21 @@ EQUIVALENT: dict[str, str] = {
     **{f"fedhet.algorithms.base.x__hparams_init: hints = typing.get_type_hints(parent_init, {arguments})": "without "
        "globalns, get_type_hints reads a function's own __globals__, which for a constructor written in a module is "
        "that module's namespace: the same names resolve" for arguments in ("globalns=None", "")},
+    **{f"fedhet.algorithms.shared.common.xǁParameterBuffersǁ__init__: owner.register_buffer(leaf, "
+       f"torch.zeros_like(parameter, {arguments}))": "zeros_like's requires_grad defaults to False (None is taken "
+       "as False): the same buffer" for arguments in ("requires_grad=None", "")},
+    **{f"fedhet.algorithms.shared.common.xǁParameterBuffersǁas_dict: return dict(zip(self.names, self.tensors(), "
+       f"{arguments}))": "names and tensors come from the same named_parameters() list: always the same length"
+       for arguments in ("strict=None", "", "strict=False")},
+    **{f"fedhet.algorithms.shared.common.xǁFedAvgServerǁ__init__: super().__init__({arguments})": "the dropped "
+       "argument equals SubmoduleAveragingServer's default for it" for arguments in (
+           "MODEL_PREFIX, per_architecture=True, send_initial=True", "MODEL_PREFIX, \"samples\", send_initial=True",
+           "MODEL_PREFIX, \"samples\", per_architecture=True, ")},
+    "fedhet.algorithms.shared.common.xǁClassMeanServerǁdownload_for: if self.global_means is None and self.present "
+    "is None:": "global_means and present are set together (aggregate, load_server_state): both None or neither",
+    "fedhet.algorithms.shared.common.xǁClassMeanServerǁaggregate: if self.dim is None or self.global_means is None:":
+    "every upload passed check_upload against the declared width (or the last means' width) before aggregate, so "
+    "the extra agreement check finds every upload of one width and passes",
 }
 
 

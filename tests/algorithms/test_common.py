@@ -277,3 +277,71 @@ def test_the_prototype_server_checks_uploads_and_reports_its_mean_loss():
     assert server.metrics() == pytest.approx({"loss": (first.item() + second.item()) / 2})
     server.on_train_epoch_start()
     assert server.metrics() == {} and float(server.loss_sum) == 0.0
+
+
+def test_a_shared_model_starts_from_a_seed_of_the_run_seed_its_purpose_and_its_name():
+    """Every client builds the same shared model; another run seed, purpose or model gives another start."""
+    from fedhet.algorithms.shared.common import build_shared_model
+    from fedhet.models import create_model
+    from fedhet.seeding import derive_seed
+
+    def weights(model: nn.Module) -> torch.Tensor:
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    built = weights(build_shared_model("cnn_tiny", 10, 3, seed=4, purpose="meme"))
+    assert torch.equal(built, weights(build_shared_model("cnn_tiny", 10, 3, seed=4, purpose="meme")))
+    assert torch.equal(built, weights(create_model("cnn_tiny", num_classes=10, in_channels=3,
+                                                   seed=derive_seed(4, "meme", "cnn_tiny"))))  # fmt: skip
+    for other in (dict(seed=5, purpose="meme"), dict(seed=4, purpose="student")):
+        assert not torch.equal(built, weights(build_shared_model("cnn_tiny", 10, 3, **other)))
+    tiny = weights(create_model("mlp_tiny", num_classes=10, in_channels=3, seed=derive_seed(4, "meme", "mlp_tiny")))
+    assert torch.equal(tiny, weights(build_shared_model("mlp_tiny", 10, 3, seed=4, purpose="meme")))
+
+
+def test_epoch_shuffled_batches_cover_every_item_once_per_epoch_in_batches_with_a_short_last_one():
+    """5 items, batches of 2, 3 epochs: 3 x [2, 2, 1] batches, each epoch a permutation; len 9."""
+    from fedhet.algorithms.shared.common import EpochShuffledBatches
+
+    sampler = EpochShuffledBatches(5, 2, 3)
+    batches = list(sampler)
+    assert len(sampler) == 9 and isinstance(len(sampler), int) and len(batches) == 9
+    assert [len(b) for b in batches] == [2, 2, 1] * 3
+    for epoch in range(3):
+        assert sorted(i for b in batches[3 * epoch : 3 * epoch + 3] for i in b) == [0, 1, 2, 3, 4]
+
+
+def test_a_fresh_server_holds_nothing_until_it_is_set_up():
+    """Before ``setup_server``: no classes, width, counts or round data, no loss; the class-mean server's defaults."""
+    means = ClassMeanServer()
+    assert (means.num_classes, means.dim, means.label_counts) == (0, None, None)
+    assert means.global_means is None and means.present is None
+    assert means.dim_spec == "features" and means.weighting == "count"
+    prototypes = _Prototypes()
+    assert (prototypes.num_classes, prototypes.feature_dim, prototypes.label_counts) == (0, 0, None)
+    assert tuple(prototypes.round_prototypes.shape) == (0, 0) and tuple(prototypes.round_labels.shape) == (0,)
+    assert prototypes.round_labels.dtype == torch.long and prototypes.loss_steps == 0
+    assert prototypes.loss_sum.shape == () and float(prototypes.loss_sum) == 0.0 and prototypes.metrics() == {}
+
+
+def test_the_prototype_server_without_label_counts_checks_shape_and_dtype_only():
+    """No counts known: any counts pass; float64 prototypes are refused; an empty round has no labels."""
+    server = _Prototypes()
+    server.setup_server(_context(("x",), {0: {"model.head.weight": torch.zeros(2, 3)}}))
+    server.check_upload(_stats(0, [[0.0] * 3, [1.0] * 3], [100, 7]))
+    with pytest.raises(TrainingError, match=r"^client 0 sent 'values' as torch.float64"):
+        server.check_upload(_stats(0, [[0.0] * 3, [1.0] * 3], [1, 1], torch.float64))
+    server.aggregate(0, [])
+    assert tuple(server.round_labels.shape) == (0,)
+
+
+def test_public_logits_are_checked_against_the_batch_and_class_count():
+    """``[batch, classes]`` finite logits, or one line naming the sender (``client`` by default) and the field."""
+    from fedhet.algorithms.shared.common import PublicLogitsPayload
+
+    PublicLogitsPayload(logits=torch.zeros(2, 3)).validate_shape(2, 3)
+    with pytest.raises(TrainingError, match=r"^client sent 'logits' of shape \(2, 3\), expected \(2, 2\)"):
+        PublicLogitsPayload(logits=torch.zeros(2, 3)).validate_shape(2, 2)
+    with pytest.raises(TrainingError, match=r"^client 4 sent 'logits' of shape \(1, 3\), expected \(2, 3\)"):
+        PublicLogitsPayload(logits=torch.zeros(1, 3)).validate_shape(2, 3, "client 4")
+    with pytest.raises(TrainingError, match=r"^client 4 .*non-finite"):
+        PublicLogitsPayload(logits=torch.full((2, 3), float("nan"))).validate_shape(2, 3, "client 4")
