@@ -456,6 +456,11 @@ EQUIVALENT: dict[str, str] = {
        "argument equals SubmoduleAveragingServer's default for it" for arguments in (
            "MODEL_PREFIX, per_architecture=True, send_initial=True", "MODEL_PREFIX, \"samples\", send_initial=True",
            "MODEL_PREFIX, \"samples\", per_architecture=True, ")},
+    **{f"fedhet.algorithms.shared.common.xǁSeparatelyClippedClientǁconfigure_gradient_clipping: "
+       f"self.clip_gradients({arguments})": "Lightning calls this hook with the trainer's gradient_clip_val and "
+       "gradient_clip_algorithm, and clip_gradients takes the trainer's value for a None: the same clip"
+       for arguments in ("optimizer, None, gradient_clip_algorithm", "optimizer, gradient_clip_val, None",
+                         "optimizer, gradient_clip_val, ")},
     "fedhet.algorithms.shared.common.xǁClassMeanServerǁdownload_for: if self.global_means is None and self.present "
     "is None:": "global_means and present are set together (aggregate, load_server_state): both None or neither",
     "fedhet.algorithms.shared.common.xǁClassMeanServerǁaggregate: if self.dim is None or self.global_means is None:":

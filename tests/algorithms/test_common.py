@@ -345,3 +345,28 @@ def test_public_logits_are_checked_against_the_batch_and_class_count():
         PublicLogitsPayload(logits=torch.zeros(1, 3)).validate_shape(2, 3, "client 4")
     with pytest.raises(TrainingError, match=r"^client 4 .*non-finite"):
         PublicLogitsPayload(logits=torch.full((2, 3), float("nan"))).validate_shape(2, 3, "client 4")
+
+
+def test_a_separately_clipped_client_clips_its_own_norm_then_lightnings():
+    """One SGD step of lr 1: the update's norm is the per-model bound, then Lightning's tighter one if given."""
+    import lightning.pytorch as pl
+
+    from fedhet.algorithms.shared.common import SeparatelyClippedClient
+    from fedhet.federation.trainer import silence_lightning
+    from tests.algorithms.helpers import TinyLinear, one_batch_loader
+
+    silence_lightning()
+    x, y = torch.tensor([[3.0, 0.0]]), torch.tensor([1])  # CE on logits (3, 0): a gradient of norm well above 1
+
+    def update_norm(max_grad_norm, **trainer):
+        client = SeparatelyClippedClient(TinyLinear(), num_classes=2, lr=1.0, max_grad_norm=max_grad_norm)
+        before = torch.cat([p.detach().flatten().clone() for p in client.parameters()])
+        pl.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                   enable_checkpointing=False, **trainer).fit(client, one_batch_loader(x, y))  # fmt: skip
+        return float((torch.cat([p.detach().flatten() for p in client.parameters()]) - before).norm())
+
+    unclipped = update_norm(None)
+    assert unclipped > 2.0
+    assert update_norm(1.0) == pytest.approx(1.0, rel=1e-5)
+    assert update_norm(1.0, gradient_clip_val=0.5) == pytest.approx(0.5, rel=1e-5)
+    assert update_norm(None, gradient_clip_val=0.5) == pytest.approx(0.5, rel=1e-5)
