@@ -461,6 +461,15 @@ EQUIVALENT: dict[str, str] = {
        "gradient_clip_algorithm, and clip_gradients takes the trainer's value for a None: the same clip"
        for arguments in ("optimizer, None, gradient_clip_algorithm", "optimizer, gradient_clip_val, None",
                          "optimizer, gradient_clip_val, ")},
+    **{f"fedhet.algorithms.shared.common.xǁPublicDistillationPhaseǁtraining_step: {line}": "Lightning's optimizer "
+       "wrapper forwards .state to the optimizer it wraps (LightningOptimizer.__getattr__): the same dict is cleared"
+       for line in ("getattr(None, \"optimizer\", optimizer).state.clear()",
+                    "getattr(optimizer, \"optimizer\", None).state.clear()",
+                    "getattr(optimizer, \"optimizer\", ).state.clear()",
+                    "getattr(optimizer, \"XXoptimizerXX\", optimizer).state.clear()",
+                    "getattr(optimizer, \"OPTIMIZER\", optimizer).state.clear()")},
+    "fedhet.algorithms.shared.common.xǁPublicDistillationPhaseǁtraining_step: super().training_step(batch, None)":
+    "CollaborativePhase.training_step does not read batch_idx",
     "fedhet.algorithms.shared.common.xǁClassMeanServerǁdownload_for: if self.global_means is None and self.present "
     "is None:": "global_means and present are set together (aggregate, load_server_state): both None or neither",
     "fedhet.algorithms.shared.common.xǁClassMeanServerǁaggregate: if self.dim is None or self.global_means is None:":
