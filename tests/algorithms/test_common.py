@@ -370,3 +370,63 @@ def test_a_separately_clipped_client_clips_its_own_norm_then_lightnings():
     assert update_norm(1.0) == pytest.approx(1.0, rel=1e-5)
     assert update_norm(1.0, gradient_clip_val=0.5) == pytest.approx(0.5, rel=1e-5)
     assert update_norm(None, gradient_clip_val=0.5) == pytest.approx(0.5, rel=1e-5)
+
+
+def test_a_class_mean_client_uploads_int64_counts_and_needs_a_statistic():
+    """FedProto's client: class means of the features with int64 counts; the abstract base names what is missing."""
+    from fedhet.algorithms.shared.common import ClassMeanRegularizedClient, FedProtoClient
+    from tests.algorithms.helpers import TinyLinear
+
+    client = FedProtoClient(TinyLinear(), num_classes=3)
+    assert client.global_means is None and client.global_present is None
+    upload = client.make_upload([(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([0, 0])),
+                                 (torch.tensor([[5.0, 6.0]]), torch.tensor([2]))])  # fmt: skip
+    assert upload.counts.dtype == torch.long and upload.counts.tolist() == [2, 0, 1]
+    assert upload.values.dtype == torch.float32 and upload.values.tolist() == [[2.0, 3.0], [0.0, 0.0], [5.0, 6.0]]
+    with pytest.raises(NotImplementedError, match=r"^abstract: ClassMeanRegularizedClient must define statistic"):
+        ClassMeanRegularizedClient(TinyLinear(), num_classes=2).statistic_and_logits(torch.zeros(1, 2))
+    with pytest.raises(AssertionError, match="^a client without training data cannot upload class means$"):
+        client.make_upload([])
+
+
+def test_a_class_mean_client_pulls_only_toward_received_classes():
+    """CE + lam * MSE(z, global[y]) over the samples whose class arrived; nothing received: CE alone."""
+    from fedhet.algorithms.shared.common import FedProtoClient
+    from tests.algorithms.helpers import TinyLinear
+
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
+    client = FedProtoClient(TinyLinear(), num_classes=2, lam=0.5)
+    ce = nn.functional.cross_entropy(x, y)  # identity TinyLinear: features = logits = x
+    assert client.local_loss((x, y)).item() == pytest.approx(ce.item())
+    client.on_receive(ClassStatsPayload(values=torch.tensor([[3.0, 0.0], [9.0, 9.0]]), counts=torch.tensor([2, 0])))
+    # only class 0 is present: MSE over sample 0's two features, ((1 - 3)^2 + 0^2) / 2 = 2
+    assert client.local_loss((x, y)).item() == pytest.approx(ce.item() + 0.5 * 2.0)
+    assert client.global_present.tolist() == [True, False]
+
+
+def test_the_previous_model_teacher_is_frozen_and_retaken_when_its_choice_says():
+    """The snapshot starts as the model, never trains, and is retaken at the end (previous_round) or start."""
+    from fedhet.algorithms.shared.common import PreviousModelClient
+    from tests.algorithms.helpers import TinyLinear
+
+    client = PreviousModelClient(TinyLinear(), num_classes=2)
+    assert client.num_classes == 2 and client.hp.optimizer == "adam"
+    assert all(not p.requires_grad for p in client.previous_model.parameters())
+    assert all(p.requires_grad for p in client.model.parameters())
+    with torch.no_grad():
+        client.model.head.weight.fill_(7.0)
+    client.on_train_start()  # previous_round: the start keeps the old teacher
+    assert client.previous_model.head.weight.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    client.on_train_end()
+    assert client.previous_model.head.weight.eq(7.0).all()
+
+    class AtStart(PreviousModelClient):
+        def teacher_choice(self):
+            return "post_collaboration"
+
+    early = AtStart(TinyLinear(), num_classes=2, lr=0.5)
+    assert early.hp.lr == 0.5
+    with torch.no_grad():
+        early.model.head.weight.fill_(3.0)
+    early.on_train_start()
+    assert early.previous_model.head.weight.eq(3.0).all()
