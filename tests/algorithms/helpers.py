@@ -86,16 +86,24 @@ def context(
     num_clients: int = 2,
     initial: Mapping[str, Tensor] | Callable[[int], Mapping[str, Tensor]] | None = None,
     seed: int = 0,
+    architectures: Sequence[str] | None = None,
+    **fields: Any,
 ) -> ServerContext:
-    """A :class:`ServerContext` whose clients all start from ``initial`` (a client module state dict)."""
+    """A :class:`ServerContext` whose clients all start from ``initial`` (a client module state dict, or one per id).
+
+    ``architectures`` (default: all ``"x"``) also sets the client count; ``fields`` are further
+    :class:`ServerContext` fields (``label_counts``, ``model_factory``, ``aggregate_states`` ...).
+    """
     state = dict(initial) if isinstance(initial, Mapping) else {}
     initial_state = initial if callable(initial) else (lambda cid: state)
+    architectures = tuple(architectures) if architectures is not None else ("x",) * num_clients
     return ServerContext(
-        num_clients=num_clients,
+        num_clients=len(architectures),
         num_classes=num_classes,
-        architectures=("x",) * num_clients,
+        architectures=architectures,
         seed=seed,
         initial_client_state=initial_state,
+        **fields,
     )
 
 

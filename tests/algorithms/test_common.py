@@ -24,6 +24,7 @@ from fedhet.algorithms.shared.common import (
 )
 from fedhet.core.payloads import ClassStatsPayload, WeightsPayload
 from fedhet.errors import ConfigError, TrainingError
+from tests.algorithms.helpers import context, upload
 
 
 class _Pair(nn.Module):
@@ -67,8 +68,8 @@ def test_the_virtual_global_model_averages_each_architecture_by_examples_and_bui
 
 
 def _context(architectures: tuple[str, ...], states: dict[int, dict[str, torch.Tensor]], **fields) -> ServerContext:
-    return ServerContext(num_clients=len(architectures), num_classes=2, architectures=architectures, seed=3,
-                         initial_client_state=lambda cid: states[cid], **fields)  # fmt: skip
+    """Two classes, seed 3, client ``i`` of ``architectures[i]`` starting from ``states[i]``."""
+    return context(initial=states.__getitem__, seed=3, architectures=architectures, **fields)
 
 
 def _weights(cid: int, architecture: str, w: list[float], n: int, **tensors: torch.Tensor) -> ClientUpload:
@@ -121,9 +122,9 @@ def test_the_averaging_server_refuses_uploads_unlike_the_global_submodule_naming
          r"^client 0 sent 'weights.w' as torch.int64 where the global model holds torch.float32"),
         (ClientUpload(0, "a", ClassStatsPayload(num_examples=1)), r"^client 0 sent ClassStatsPayload, expected model"),
     ]
-    for upload, message in cases:
+    for sent, message in cases:
         with pytest.raises(TrainingError, match=message):
-            server.check_upload(upload)
+            server.check_upload(sent)
 
 
 def test_the_averaging_server_restores_its_state_and_builds_evaluation_models_once():
@@ -168,8 +169,7 @@ def test_zeros_per_group_mirror_the_client_state_under_a_prefix_or_name_the_miss
 
 
 def _stats(cid: int, values: list[list[float]], counts: list[int], dtype=torch.float32) -> ClientUpload:
-    payload = ClassStatsPayload(values=torch.tensor(values, dtype=dtype), counts=torch.tensor(counts))
-    return ClientUpload(cid, "x", payload)
+    return upload(cid, ClassStatsPayload(values=torch.tensor(values, dtype=dtype), counts=torch.tensor(counts)))
 
 
 def test_the_class_mean_server_declares_its_width_and_averages_held_classes():
@@ -210,11 +210,11 @@ def test_the_class_mean_server_checks_uploads_against_its_declared_width_and_the
         (_stats(0, [[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], [2, 0]), r"^client 0 sent 'values' of shape \(2, 3\), expected"),
         (_stats(0, [[1.0, 2.0], [0.0, 0.0]], [2, 0], torch.float64), r"^client 0 sent 'values' as torch.float64"),
         (_stats(0, [[1.0, 2.0], [0.0, 0.0]], [3, 0]), r"^client 0 sent .*class counts"),  # above what client 0 holds
-        (ClientUpload(0, "x", WeightsPayload(num_examples=1)), r"^client 0 sent WeightsPayload, expected class stat"),
+        (upload(0, WeightsPayload(num_examples=1)), r"^client 0 sent WeightsPayload, expected class stat"),
     ]
-    for upload, message in cases:
+    for sent, message in cases:
         with pytest.raises(TrainingError, match=message):
-            server.check_upload(upload)
+            server.check_upload(sent)
     server.check_upload(_stats(1, [[1.0, 2.0], [0.0, 0.0]], [3, 0]))  # client 1 holds 5 of class 0
 
     undeclared = ClassMeanServer(dim="features")  # a model without a linear head: uploads must agree
@@ -260,11 +260,11 @@ def test_the_prototype_server_checks_uploads_and_reports_its_mean_loss():
     server.setup_server(_context(("x", "x"), {0: {"model.head.weight": torch.zeros(2, 3)}}, label_counts=held))
     assert (server.num_classes, server.feature_dim) == (2, 3) and server.metrics() == {}
     server.check_upload(_stats(1, [[0.0] * 3, [1.0] * 3], [0, 4]))
-    for upload, message in [(_stats(0, [[0.0] * 2, [1.0] * 2], [1, 1]), r"^client 0 sent 'values' of shape \(2, 2\)"),
+    for sent, message in [(_stats(0, [[0.0] * 2, [1.0] * 2], [1, 1]), r"^client 0 sent 'values' of shape \(2, 2\)"),
                             (_stats(0, [[0.0] * 3, [1.0] * 3], [1, 2]), r"^client 0 sent .*class counts"),
-                            (ClientUpload(0, "x", WeightsPayload()), r"^client 0 sent WeightsPayload, expected class")]:
+                            (upload(0, WeightsPayload()), r"^client 0 sent WeightsPayload, expected class")]:
         with pytest.raises(TrainingError, match=message):
-            server.check_upload(upload)
+            server.check_upload(sent)
     server.aggregate(0, [])
     assert tuple(server.round_prototypes.shape) == (0, 3) and server.round_labels.dtype == torch.long
     (optimizer,) = [server.configure_optimizers()]
