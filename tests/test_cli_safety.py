@@ -446,6 +446,51 @@ def test_a_full_disk_appending_metrics_leaves_whole_lines(tmp_path, monkeypatch)
     assert run.metrics_path.read_bytes() == before == b'{"acc": 50.0, "round": 0}\n'
 
 
+@pytest.mark.parametrize("name", ["empty", "new"])
+def test_a_read_only_run_directory_is_one_line_with_nothing_written_without_a_mount(name, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """The read-only case everywhere (CI included): the file system's answers injected under one folder.
+
+    What a read-only mount answers, for every path under ``read_only``: ``access(W_OK)`` is False
+    (root included), and creating a directory or a file fails with EROFS. The run must say so in
+    one line before any work and leave the folder as it was.
+    """
+    import errno
+
+    read_only = tmp_path / "ro"
+    (read_only / "empty").mkdir(parents=True)
+    real_access, real_mkdir, real_open = os.access, os.mkdir, os.open
+
+    def inside(path) -> bool:
+        return Path(os.fsdecode(path)).resolve().is_relative_to(read_only.resolve())
+
+    def erofs(path):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+
+    def access(path, mode, *args, **kwargs):
+        return False if mode & os.W_OK and inside(path) else real_access(path, mode, *args, **kwargs)
+
+    def mkdir(path, *args, **kwargs):
+        return erofs(path) if inside(path) else real_mkdir(path, *args, **kwargs)
+
+    def open_(path, flags, *args, **kwargs):
+        writes = flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR | os.O_APPEND)
+        return erofs(path) if writes and inside(path) else real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "open", open_)
+    run_dir = read_only / name
+    code, out, err = _fit(["--config", SGD_CONFIG, *tiny_overrides(), f"--run_dir={run_dir}"], capsys)
+    line = _only_line(err)
+    assert code == 2 and out == "", err
+    assert line == (
+        f"fedhet: error: cannot write '{read_only if name == 'new' else run_dir}': it is read-only (a read-only "
+        "file system or no write permission); make it writable, or choose another --run_dir"
+    )
+    assert [p.name for p in read_only.rglob("*")] == ["empty"]
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 128 KiB tmpfs (mounting needs root with CAP_SYS_ADMIN; skipped elsewhere)."""
