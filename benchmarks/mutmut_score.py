@@ -135,6 +135,34 @@ def _default_device(line: str) -> set[str]:
     return keyword | moved
 
 
+def _literal(value: object) -> str:
+    """``value`` as the project's code writes it (double-quoted strings)."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _declared_default(line: str) -> set[str]:
+    """An argument of a run-plan record (``RunPhase``, ``LocalStage``) dropped where it equals the field's default."""
+    import dataclasses
+
+    from fedhet.algorithms.base import LocalStage, RunPhase
+
+    variants: set[str] = set()
+    for record in (RunPhase, LocalStage):
+        if f"{record.__name__}(" not in line:
+            continue
+        fields = dataclasses.fields(record)
+        first = f"{record.__name__}({_literal(fields[0].default)}, "  # the first field given by position
+        variants |= _each_occurrence(line, first, (f"{record.__name__}(",))
+        for field in fields:
+            keyword = f"{field.name}={_literal(field.default)}"
+            variants |= _each_occurrence(line, keyword + ", ", ("",)) | _each_occurrence(line, keyword, ("",))
+    return variants
+
+
+def _uniform_weights(line: str) -> set[str]:
+    return _each_occurrence(line, "[1.0] *", ("[2.0] *",)) if "weighted_average(" in line else set()
+
+
 CPU_ONLY = ("on a CPU-only machine the default device is the input's: equivalent here; a GPU run tells them apart "
             "(benchmarks/gpu_check.py runs every method on one)")
 STRICT_IDLE = "the lengths were checked just above: zip's strict is idle"
@@ -142,6 +170,8 @@ RULES = (
     (_implicit_dim, "a softmax or L2 normalisation of a 2-D input without a dim uses dim 1 (torch's implicit dim "
                     "for 2-D; F.normalize's default): the same op"),
     (_default_device, CPU_ONLY),
+    (_declared_default, "the dropped argument passes the record's declared default (RunPhase / LocalStage): the same"),
+    (_uniform_weights, "weighted_average normalises the weights: equal weights of 2 are equal weights of 1"),
 )
 #: Other surviving mutants judged equivalent, keyed by the mutated function and the mutated line
 #: (:func:`equivalence_key`: stable when mutmut renumbers), with the reason.
@@ -255,8 +285,6 @@ EQUIVALENT: dict[str, str] = {
         'float("INF") == float("inf")',
     "fedhet.functional.vtc.x_class_mean_sum: return (sums / counts.to(None)).sum()":
         "the integer counts promote to the sums' float dtype in the division: the same values",
-    "fedhet.algorithms.fccl_plus.xǁFCCLPlusCollaborationǁon_train_end: averaged = weighted_average(states, "
-    "[2.0] * len(states))": "weighted_average normalises the weights: equal weights of 2 are equal weights of 1",
     "fedhet.functional.aggregation.x_krum_scores: scores[i] = others.sort().values[:closest].sum() if "
     "(others.numel()) or True else 0.0": "the sum of an empty selection is 0.0, the else branch's value",
     **{f"fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁ__init__: {line}": "a placeholder that begin_round sets "
@@ -468,6 +496,12 @@ EQUIVALENT: dict[str, str] = {
                     "getattr(optimizer, \"optimizer\", ).state.clear()",
                     "getattr(optimizer, \"XXoptimizerXX\", optimizer).state.clear()",
                     "getattr(optimizer, \"OPTIMIZER\", optimizer).state.clear()")},
+    "fedhet.algorithms.fedvtc.xǁFedVTCClientǁon_receive: None":  # the mutant is download.prototypes.to(None)
+    "an index assignment casts its source to the buffer's dtype; the device is the buffer's on a CPU-only "
+    "machine (benchmarks/gpu_check.py runs FedVTC on cuda)",
+    **{f"fedhet.algorithms.fedvtc.xǁFedVTCClientǁmake_upload: {line}": "a client's per-class example counts are "
+       "integers far below 2**24, exact in float32; the division by them promotes to the sums' float64 either way"
+       for line in ("counts = torch.zeros(self.num_classes, dtype=None)", "counts = torch.zeros(self.num_classes, )")},
     "fedhet.algorithms.shared.common.xǁPublicDistillationPhaseǁtraining_step: super().training_step(batch, None)":
     "CollaborativePhase.training_step does not read batch_idx",
     "fedhet.algorithms.shared.common.xǁClassMeanServerǁdownload_for: if self.global_means is None and self.present "

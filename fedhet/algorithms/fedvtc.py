@@ -476,10 +476,10 @@ class FedVTCClient(ClientModule):
     def local_stages(self) -> Sequence[LocalStage]:
         if self.phase == VTC_SYNC:
             return ()
+        if self.phase == FINETUNE and self.hp.finetune_mode == "literal_fullbatch":
+            return (LocalStage(FINETUNE, steps=1),)  # Algorithm 1: one full-batch gradient step per round
         if self.phase == FINETUNE:
-            steps = 1 if self.hp.finetune_mode == "literal_fullbatch" else None
-            epochs = None if steps is not None else self.hp.finetune_epochs
-            return (LocalStage(FINETUNE, epochs=epochs, steps=steps),)
+            return (LocalStage(FINETUNE, epochs=self.hp.finetune_epochs),)
         return (LocalStage("local", manual=True),)
 
     def configure_optimizers(self) -> Any:
@@ -671,7 +671,7 @@ class FedVTCServer(ServerPhase):
             sent = type(upload.payload).__name__
             raise TrainingError(f"{upload.sender} sent {sent} during fine-tuning, where clients send nothing")
         payload = upload.expect(VTCPayload, "VTCPayload")
-        owned = self.owned[upload.client_id] if upload.client_id < len(self.owned) else None
+        owned = self.owned[upload.client_id]
         payload.validate_shape(self.num_classes, self.prototypes.shape[1], self.vtc, upload.sender, owned)
         with_vtc = self.phase == VTC_SYNC or self.hp.psi_sync == "every_round"
         missing = [

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedhet.algorithms.base import DataFormat, ServerContext
+from fedhet.algorithms.base import DataFormat, LocalStage, ServerContext
 from fedhet.algorithms.fedvtc import (
     FINETUNE,
     STEP_A,
@@ -25,6 +25,7 @@ from fedhet.algorithms.fedvtc import (
     decode_latents,
     initial_prototypes,
 )
+from fedhet.core.payloads import Payload
 from fedhet.core.state import clone_state
 from fedhet.data.tensors import TensorBatchLoader, TensorData
 from fedhet.errors import ConfigError, TrainingError
@@ -151,6 +152,33 @@ def test_fine_tuning_steps_at_finetune_lr_or_the_rounds_lr(finetune_lr, expected
     client.stage = "local"
     model_optimizer, vtc_optimizer = client.configure_optimizers()
     assert model_optimizer.param_groups[0]["lr"] == vtc_optimizer.param_groups[0]["lr"] == 0.05
+
+
+@pytest.mark.parametrize(
+    "phase, mode, stages",
+    [
+        ("federation", "epochs", [LocalStage("local", manual=True)]),
+        (VTC_SYNC, "epochs", []),  # the VTC upload trains nothing
+        (FINETUNE, "epochs", [LocalStage(FINETUNE, epochs=3)]),
+        (FINETUNE, "literal_fullbatch", [LocalStage(FINETUNE, steps=1)]),  # one full-batch step per round
+    ],
+)
+def test_local_stages_of_each_phase(phase, mode, stages):
+    """Rounds: one manual stage (the alternating steps); fine-tuning: finetune_epochs epochs or one step."""
+    client = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), finetune_epochs=3, finetune_mode=mode)  # type: ignore[arg-type]
+    client.phase = phase
+    assert list(client.local_stages()) == stages
+
+
+def test_received_prototypes_and_sigma_land_in_the_clients_precision():
+    """A float64 client takes the log of a received float32 sigma in float64 and keeps its other classes."""
+    client = FedVTCClient(TinyLinear(), 3, vtc=_LinearDecoder()).double()  # type: ignore[arg-type]
+    sigma = torch.tensor([3.0, 0.7])
+    client.on_receive(VTCPayload(classes=torch.tensor([2]), prototypes=torch.tensor([[1.5, -2.0]]), sigma=sigma))
+    assert client.latent.log_sigma.dtype == client.latent.prototypes.dtype == torch.float64
+    assert torch.equal(client.latent.log_sigma.detach(), sigma.double().log())
+    assert not torch.equal(sigma.log().double(), sigma.double().log())  # the float32 log differs
+    assert torch.equal(client.latent.prototypes, torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.5, -2.0]]).double())
 
 
 def test_synthetic_batch_norm_uses_the_statistics_of_the_decoded_latents():
@@ -396,6 +424,10 @@ def test_anchor_scale_rescales_the_averaged_prototypes_to_the_anchors_mean_norm(
     server.setup_server(context)
     server.aggregate(0, [upload(0, _stats([0, 1], [[6.0, 8.0], [0.0, 2.0]], [1.0, 1.0]))])
     torch.testing.assert_close(server.prototypes, torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]]))
+    server.aggregate(1, [upload(0, _stats([0, 1], [[0.3, 0.4], [0.0, 0.1]], [1.0, 1.0]))])  # mean norm 0.2: x 10
+    torch.testing.assert_close(server.prototypes, torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]]))
+    server.aggregate(2, [upload(0, _stats([0, 1], [[0.0, 0.0], [0.0, 0.0]], [1.0, 1.0]))])  # no scale: kept at 0
+    assert torch.equal(server.prototypes, torch.zeros(3, 2))
     free = FedVTCServer(finetune_rounds=5)
     free.setup_server(context)
     free.aggregate(0, [upload(0, _stats([0, 1], [[6.0, 8.0], [0.0, 2.0]], [1.0, 1.0]))])
@@ -454,6 +486,88 @@ def test_server_rejects_bad_uploads():
         server.check_upload(upload(0, _stats([3], [[1.0, 1.0]], [1.0, 1.0])))
     with pytest.raises(TrainingError, match="non-positive"):
         server.check_upload(upload(0, _stats([0], [[1.0, 1.0]], [0.0, 1.0])))
+
+
+def _check(server: FedVTCServer, payload, client_id: int = 0) -> str:
+    """The one line the server refuses ``payload`` with ("" when accepted)."""
+    try:
+        server.check_upload(upload(client_id, payload))
+    except TrainingError as error:
+        return str(error)
+    return ""
+
+
+def test_every_refusal_names_the_client_and_the_problem():
+    """Each layout check of a round's upload and a vtc_sync upload, with its exact message."""
+    counts = torch.tensor([[5, 5, 0], [0, 5, 5], [5, 0, 5]])
+    server = FedVTCServer(finetune_rounds=1)
+    server.setup_server(_context(counts=counts))
+    good = _stats([0, 1], [[1.0, 1.0], [2.0, 2.0]], [1.0, 1.0])
+    assert _check(server, good) == ""
+    assert _check(server, Payload(num_examples=5)) == "client 0 sent Payload, expected VTCPayload"
+    assert _check(server, dataclasses.replace(good, classes=torch.tensor([0.0, 1.0]))) == (
+        "client 0 sent 'classes' of shape (2,) as torch.float32, expected a vector of int64 class indices"
+    )
+    assert _check(server, dataclasses.replace(good, classes=torch.tensor([[0, 1]]))) == (
+        "client 0 sent 'classes' of shape (1, 2) as torch.int64, expected a vector of int64 class indices"
+    )
+    assert _check(server, dataclasses.replace(good, classes=torch.tensor([1, 1]))) == (
+        "client 0 sent class indices that are not distinct integers"
+    )
+    assert _check(server, dataclasses.replace(good, classes=torch.tensor([-1, 0]))) == (
+        "client 0 sent class indices outside [0, 3)"
+    )
+    assert _check(server, dataclasses.replace(good, classes=torch.tensor([0, 3]))) == (
+        "client 0 sent class indices outside [0, 3)"
+    )
+    assert _check(server, dataclasses.replace(good, classes=torch.tensor([0, 2]))) == (
+        "client 0 sent a prototype of class 2, which it holds no example of"
+    )
+    assert _check(server, _stats([2, 1], [[1.0, 1.0], [2.0, 2.0]], [1.0, 1.0]), client_id=1) == ""
+    layout = "; all clients must use the same num_classes / feature layout"
+    assert _check(server, dataclasses.replace(good, prototypes=torch.ones(2, 3))) == (
+        "client 0 sent 'prototypes' of shape (2, 3), expected (2, 2)" + layout
+    )
+    assert _check(server, dataclasses.replace(good, prototypes=torch.ones(2, 2).double())).startswith(
+        "client 0 sent 'prototypes' as torch.float64 where the server holds torch.float32"
+    )
+    assert _check(server, dataclasses.replace(good, sigma=torch.ones(3))) == (
+        "client 0 sent 'sigma' of shape (3,), expected (2,)" + layout
+    )
+    assert _check(server, dataclasses.replace(good, prototypes=torch.tensor([[1.0, math.nan], [2.0, 2.0]]))).startswith(
+        "client 0 sent non-finite values in 'prototypes'"
+    )
+    assert _check(server, dataclasses.replace(good, sigma=torch.tensor([1.0, -1.0]))) == (
+        "client 0 sent a non-positive SD"
+    )
+    assert _check(server, dataclasses.replace(good, sigma=torch.zeros(0))) == (
+        "client 0 sent no 'sigma', which every upload of phase 'federation' holds"
+    )
+    no_classes = VTCPayload(sigma=torch.ones(2), num_examples=5)
+    assert _check(server, no_classes) == "client 0 sent no 'classes', which every upload of phase 'federation' holds"
+    vtc = clone_state(server.vtc)
+    assert _check(server, dataclasses.replace(good, vtc=vtc)) == ""  # psi_sync="once": an extra psi is harmless
+    server.phase = VTC_SYNC
+    assert _check(server, VTCPayload(vtc=vtc, num_examples=5)) == ""
+    assert _check(server, VTCPayload(num_examples=5)) == (
+        "client 0 sent no 'vtc', which every upload of phase 'vtc_sync' holds"
+    )
+    first = next(iter(vtc))
+    assert _check(server, VTCPayload(vtc={**vtc, first: torch.ones(7)}, num_examples=5)) == (
+        f"client 0 sent 'vtc.{first}' of shape (7,), expected {tuple(vtc[first].shape)}" + layout
+    )
+    assert _check(server, VTCPayload(vtc={k: v for k, v in vtc.items() if k != first}, num_examples=5)) == (
+        f"client 0 sent vtc whose keys differ from the VTC (missing ['{first}'], unexpected []); all clients of an "
+        "architecture must send the same layout"
+    )
+    server.phase = FINETUNE
+    assert _check(server, VTCPayload(num_examples=5)) == (
+        "client 0 sent VTCPayload during fine-tuning, where clients send nothing"
+    )
+    every_round = FedVTCServer(finetune_rounds=1, psi_sync="every_round")
+    every_round.setup_server(_context(counts=counts))
+    assert _check(every_round, good) == "client 0 sent no 'vtc', which every upload of phase 'federation' holds"
+    assert _check(every_round, dataclasses.replace(good, vtc=vtc)) == ""
 
 
 def test_synthetic_set_has_s_over_c_samples_per_class_decoded_from_its_prototype():
