@@ -451,19 +451,39 @@ def test_every_grid_page_is_what_its_json_alone_rewrites(monkeypatch):
     assert checked >= 10
 
 
-def test_every_results_page_names_the_command_that_regenerates_it():
-    """A page under docs/results/ names its grid (``fedhet bench --grid``) or, not yet a grid, its existing script."""
+def test_the_kd_probe_section_of_docs_fedmdcg_is_what_its_json_renders(monkeypatch):
+    """docs/fedmdcg.md's KD-probe tables (a diagnostic, not a results page) are what the probe's json renders."""
+    monkeypatch.syspath_prepend(str(ROOT / "reproductions"))
+    monkeypatch.delenv("FEDMDCG_BENCH_OUT", raising=False)
+    import fedmdcg_kd_probe as probe
+
+    text = probe.DOC.read_text()
+    probes = json.loads(probe.PROBE_JSON.read_text())
+    assert probe.document_with_section(text, probes) == text
+    assert text.count("The distilled D is below the averaged D in") == len(probes) == 2
+
+
+def test_every_results_page_names_the_command_that_regenerates_it(monkeypatch):
+    """Every page under docs/results/ names the one ``fedhet bench`` command (its grid file) that regenerates it.
+
+    A grid page names ``fedhet bench --grid`` with its own grid; claims.md names ``fedhet bench --claims``.
+    No page is written by a script any more (FedMD-CG's privacy page became a grid of ``fedhet attack`` cells).
+    """
     import re
 
+    monkeypatch.chdir(ROOT)
     pages = sorted((ROOT / "docs" / "results").glob("*.md"))
     assert pages
     for page in pages:
         text = page.read_text()
-        grids = re.findall(r"fedhet bench --(?:grid|claims) (configs/grids/[\w.-]+\.yaml)", text)
-        scripts = re.findall(r"(?:python |`)(reproductions/[\w.-]+\.py)", text)
-        assert grids or scripts, f"{page.name} names no command that regenerates it"
-        for path in grids + scripts:
+        grids = re.findall(r"fedhet bench --grid (configs/grids/[\w.-]+\.yaml)", text)
+        claims = re.search(r"fedhet bench --claims ((?:configs/grids/[\w.-]+\.yaml ?)+)`", text)
+        assert grids or claims, f"{page.name} names no fedhet bench command that regenerates it"
+        for path in grids + (claims.group(1).split() if claims else []):
             assert (ROOT / path).is_file(), f"{page.name} names {path}, which does not exist"
+        if not claims:
+            own = [g for g in grids if parse_grid(g).page == Path("docs/results") / page.name]
+            assert own, f"{page.name}: none of the grids it names ({', '.join(grids)}) writes it"
 
 
 def test_a_cell_that_failed_says_why_on_the_page(tmp_path, capsys, monkeypatch):
