@@ -112,6 +112,9 @@ def run_attack(args: Sequence[str]) -> dict[str, Any]:
             "environment": run_environment(),
         }  # fmt: skip
         directory.write_summary(summary)
+    except KeyboardInterrupt as exc:  # an attack keeps no checkpoint: it starts again (fedhet bench does so itself)
+        exc.next_step = f"delete {directory.path} and rerun the same command"  # type: ignore[attr-defined]
+        raise
     finally:
         directory.unlock()
     return {**summary, "run_dir": str(directory.path)}
