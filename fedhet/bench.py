@@ -51,21 +51,28 @@ BLOCKS = {
 
 
 # ---------------------------------------------------------------------------------------------- cells
+#: The fedhet commands a cell may run: each takes ``--config``, ``--seed`` and ``--run_dir`` and writes a run
+#: directory with ``summary.json`` last. ``attack`` is FedMD-CG's gradient-inversion cell (:mod:`fedhet.privacy`).
+CELL_COMMANDS = ("fit", "attack")
+
+
 @dataclass(frozen=True)
 class Cell:
-    """One ``fedhet fit`` run of a grid.
+    """One ``fedhet fit`` run of a grid (or, with ``command="attack"``, one ``fedhet attack`` run).
 
     Args:
         label: the row it belongs to (method, or ``method/setting``); also its directory.
         config: the experiment config (relative to the working directory of the run).
         seed: the experiment seed (``--seed``).
         flags: more ``fedhet fit`` flags (the setting's and the grid's extra flags).
+        command: the fedhet command of the run, one of :data:`CELL_COMMANDS`.
     """
 
     label: str
     config: str
     seed: int
     flags: tuple[str, ...] = field(default_factory=tuple)
+    command_name: str = "fit"
 
     def run_dir(self, root: Path) -> Path:
         return Path(root) / self.label / f"seed{self.seed}"
@@ -81,7 +88,12 @@ class Cell:
         return ["--config", self.config, "--seed", str(self.seed), "--run_dir", str(self.run_dir(root)), *self.flags]
 
     def command(self, root: Path) -> list[str]:
-        return [sys.executable, "-m", "fedhet", "fit", *self.fit_args(root)]
+        return [sys.executable, "-m", "fedhet", self.command_name, *self.fit_args(root)]
+
+    def recorded(self) -> dict[str, Any]:
+        """What a cell is started with, as kept beside it and in a page's json (a fit cell has no ``command``)."""
+        return {"config": self.config, "flags": list(self.flags),
+                **({"command": self.command_name} if self.command_name != "fit" else {})}  # fmt: skip
 
 
 def override_flag(key: str, value: Any) -> str:
@@ -230,7 +242,7 @@ def cancel_queued_on_exit(pool: Executor, on_exit: Callable[[], None] | None = N
 
 def record_cell(cell: Cell, root: Path) -> None:
     """Keep the flags a cell was started with, so that a rerun can refuse different ones."""
-    atomic_write_text(cell.record_path(root), json.dumps({"config": cell.config, "flags": list(cell.flags)}) + "\n")
+    atomic_write_text(cell.record_path(root), json.dumps(cell.recorded()) + "\n")
 
 
 def check_recorded(cells: Sequence[Cell], root: Path) -> None:
@@ -240,9 +252,10 @@ def check_recorded(cells: Sequence[Cell], root: Path) -> None:
         if cell_state(cell.run_dir(root)) not in ("complete", "partial") or not path.is_file():
             continue
         recorded = json.loads(path.read_text())
-        if recorded != {"config": cell.config, "flags": list(cell.flags)}:
+        if recorded != cell.recorded():
+            how = " ".join([*([f"fedhet {recorded['command']}"] if "command" in recorded else []), *recorded["flags"]])
             raise ConfigError(
-                f"{cell.run_dir(root)} was run with other flags ({' '.join(recorded['flags']) or 'none'}); "
+                f"{cell.run_dir(root)} was run with other flags ({how or 'none'}); "
                 f"use another --out, or delete that directory to rerun it"
             )
 
@@ -287,15 +300,24 @@ def headline_keys(kind: str, top5: bool = False) -> tuple[str, ...]:
 
 
 def run_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The tabulated numbers of one run: ``<block>/<headline metric>``, communication and wall time."""
+    """The tabulated numbers of one run: ``<block>/<headline metric>``, communication and wall time.
+
+    A run that is not federated (``fedhet attack``: no headline metrics of a scenario kind, no
+    communication) gives every number of its blocks and its wall time.
+    """
+    from fedhet.metrics.report import HEADLINE
+
     values: dict[str, float] = {}
+    kind = summary.get("scenario_kind")
     for block in BLOCKS:
-        for key in headline_keys(summary["scenario_kind"], top5=True):
-            value = summary.get(block, {}).get(key)
-            if isinstance(value, (int, float)):
+        numbers = summary.get(block, {})
+        for key in headline_keys(kind, top5=True) if kind in HEADLINE else sorted(numbers):
+            value = numbers.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
                 values[f"{block}/{key}"] = float(value)
-    comm = summary["comm"]
-    values["comm/mb_per_round"] = (comm["bytes_up_per_round"] + comm["bytes_down_per_round"]) / 1e6
+    comm = summary.get("comm")
+    if comm is not None:
+        values["comm/mb_per_round"] = (comm["bytes_up_per_round"] + comm["bytes_down_per_round"]) / 1e6
     values["wall_s"] = float(summary["wall_s"])
     return values
 
@@ -496,18 +518,27 @@ def plan(
 
 
 def validate_cells(cells: Sequence[Cell], root: Path) -> None:
-    """Parse each distinct config + flags with the ``fedhet fit`` parser: bad input fails before any run."""
+    """Parse each distinct config + flags with its command's parser (``fedhet fit``'s or ``fedhet attack``'s).
+
+    Bad input fails before any run.
+    """
     from fedhet.config import build_parser, parse_config
+    from fedhet.privacy.command import parse_attack
 
     parser = build_parser()
     seen = set()
     for cell in cells:
-        key = (cell.config, cell.flags)
+        key = (cell.command_name, cell.config, cell.flags)
         if key in seen:
             continue
         seen.add(key)
         try:
-            parse_config(parser, ["--config", cell.config, *cell.flags])
+            if cell.command_name == "attack":
+                parse_attack(["--config", cell.config, *cell.flags])
+            elif cell.command_name == "fit":
+                parse_config(parser, ["--config", cell.config, *cell.flags])
+            else:
+                raise ConfigError(f"command {cell.command_name!r}: a cell runs one of {', '.join(CELL_COMMANDS)}")
         except ConfigError as exc:
             raise ConfigError(f"{cell.label}: {exc}") from None
 

@@ -317,6 +317,8 @@ commands:
   sweep     run a W&B-format sweep offline: fedhet sweep configs/sweeps/tiny_digits.yaml [--jobs 2]
   bench     methods x seeds grid, mean ± std tables and plots:
             fedhet bench --configs A.yaml B.yaml --seeds 0 1 2 --out DIR
+  attack    one gradient-inversion cell (FedMD-CG's Table 2) into a run directory:
+            fedhet attack --config configs/attacks/fedmdcg_table2.yaml --target fedmdcg --seed 0
   list      list registered methods, models and model families; 'fedhet list NAME' a method's
             hyperparameters (default, range, search space, meaning)
   pretrain-generator  train FedKTL's small generator (FedKTL also does it on first use):
@@ -349,7 +351,7 @@ def _evaluate_command(command: str, rest: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = ("fit", "test", "validate", "sweep", "bench", "list", "pretrain-generator")
+COMMANDS = ("fit", "test", "validate", "sweep", "bench", "attack", "list", "pretrain-generator")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -381,6 +383,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if command in ("test", "validate"):
             return _evaluate_command(command, rest)
+        if command == "attack":
+            from fedhet.privacy.command import attack_command
+
+            print(attack_command(rest))
+            return 0
         if command == "list":
             _list(rest)
             return 0

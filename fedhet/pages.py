@@ -31,6 +31,7 @@ from typing import Any
 
 from fedhet.bench import (
     BLOCKS,
+    CELL_COMMANDS,
     Cell,
     CellOutcome,
     PageRequest,
@@ -55,8 +56,8 @@ from fedhet.statistics import paired_difference
 from fedhet.tuning import LOCAL_RUNNER, StudyResult, TuningPlan, parse_tuning, tune_rows
 
 GRID_KEYS = {"title", "page", "out", "seeds", "flags", "rows", "tables", "figures", "template", "tuning", "claims",
-             "selected", "extends", "only"}
-ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds", "tune"}
+             "selected", "extends", "only", "command"}
+ROW_KEYS = {"label", "name", "config", "flags", "set", "seeds", "tune", "command"}
 CLAIM_KEYS = {"claim", "paper", "better", "than", "metric", "than_metric"}
 TABLE_KEYS = {"name", "rows", "block", "metrics", "digits", "label", "seeds_column", "seeds", "per_seed", "across",
               "outcomes"}
@@ -94,6 +95,7 @@ class Row:
     flags: tuple[str, ...]
     seeds: tuple[int, ...] | None = None  # None: the grid's seeds
     tune: bool = True  # searched by the grid's tuning stage (when it has one)
+    command: str = "fit"  # the fedhet command of its cells: fit, or attack (FedMD-CG's gradient inversion)
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ class Grid:
         """
         return [
             Cell(row.label, str(self.selected_config(row)), seed, self.selection_tag(row)) if self.tuned(row)
-            else Cell(row.label, row.config, seed, row.flags)
+            else Cell(row.label, row.config, seed, row.flags, row.command)
             for seed in self.seeds
             for row in self.rows
             if row.seeds is None or seed in row.seeds
@@ -287,7 +289,9 @@ def _seeds(where: str, seeds: Any) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def _rows(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, ...]) -> list[Row]:
+def _rows(
+    where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, ...], command: str = "fit"
+) -> list[Row]:
     """One ``rows:`` entry; a ``config`` with a wildcard is one row per matching file, labelled ``<label>/<stem>``.
 
     Why: a page over every shipped config of a folder (``config: configs/experiments/digits/*.yaml``) lists
@@ -296,17 +300,24 @@ def _rows(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int,
     entry = _keys(where, entry, ROW_KEYS, ("label", "config"))
     pattern = str(entry["config"])
     if not any(char in pattern for char in "*?["):
-        return [_row(where, entry, flags, grid_seeds)]
+        return [_row(where, entry, flags, grid_seeds, command)]
     if "name" in entry:
         raise _fail(where, "name: a row with a wildcard config is named after each file; leave name out")
     matches = [Path(match) for match in sorted(glob.glob(pattern))]
     if not matches:
         raise _fail(where, f"config {pattern}: no file matches (paths are relative to the repository root)")
-    return [_row(where, {**entry, "label": f"{entry['label']}/{path.stem}", "config": str(path)}, flags, grid_seeds)
-            for path in matches]  # fmt: skip
+    return [_row(where, {**entry, "label": f"{entry['label']}/{path.stem}", "config": str(path)}, flags, grid_seeds,
+                 command) for path in matches]  # fmt: skip
 
 
-def _row(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, ...]) -> Row:
+def _command(where: str, command: Any) -> str:
+    """``command``: the fedhet command a row's cells run (``fit``, or ``attack``: :mod:`fedhet.privacy.command`)."""
+    if command not in CELL_COMMANDS:
+        raise _fail(where, f"command {command!r}: use one of {', '.join(CELL_COMMANDS)} (the fedhet command of a cell)")
+    return str(command)
+
+
+def _row(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, ...], command: str = "fit") -> Row:
     entry = _keys(where, entry, ROW_KEYS, ("label", "config"))
     label = str(entry["label"])
     if not re.fullmatch(r"[\w.+-]+(/[\w.+-]+)*", label):
@@ -321,7 +332,8 @@ def _row(where: str, entry: Any, flags: tuple[str, ...], grid_seeds: tuple[int, 
     tune = entry.get("tune", True)
     if not isinstance(tune, bool):
         raise _fail(where, f"tune: {tune!r}: write true (searched by the grid's tuning stage) or false")
-    return Row(label, str(entry.get("name", label)), str(entry["config"]), row_flags, seeds, tune)
+    command = _command(where, entry.get("command", command))
+    return Row(label, str(entry.get("name", label)), str(entry["config"]), row_flags, seeds, tune, command)
 
 
 def _claim(where: str, entry: Any, labels: Sequence[str]) -> Claim:
@@ -459,8 +471,9 @@ def parse_grid(path: str | Path) -> Grid:
     flags = _flags(where, data.get("flags"))
     if not isinstance(data["rows"], list) or not data["rows"]:
         raise _fail(where, "rows: write a non-empty list of {label, config, flags, set}")
+    command = _command(where, data.get("command", "fit"))
     rows = tuple(row for i, entry in enumerate(data["rows"])
-                 for row in _rows(f"{where}: rows[{i}]", entry, flags, seeds))  # fmt: skip
+                 for row in _rows(f"{where}: rows[{i}]", entry, flags, seeds, command))  # fmt: skip
     labels = [r.label for r in rows]
     duplicate = next((label for label in labels if labels.count(label) > 1), None)
     if duplicate:
@@ -518,6 +531,9 @@ def parse_grid(path: str | Path) -> Grid:
                                f"{', '.join(f.name for f in figures) or 'none'}")  # fmt: skip
     if "{command}" not in template:
         raise _fail(where, "template: name the page's command with the {command} placeholder")
+    if data.get("tuning") is not None and any(row.command != "fit" for row in rows):
+        raise _fail(where, "tuning: the tuning stage trains fedhet fit runs; a grid with fedhet attack cells has "
+                           "none, remove the tuning block")  # fmt: skip
     tuning = parse_tuning(where, data["tuning"]) if data.get("tuning") is not None else None
     claims = tuple(_claim(f"{where}: claims[{i}]", c, labels) for i, c in enumerate(data.get("claims") or []))
     for placeholder, needed in (("{tuning}", tuning is not None), ("{budget}", tuning is not None),
@@ -581,9 +597,9 @@ def record_of(cell: Cell, summary: dict[str, Any], grid: Grid) -> dict[str, Any]
     history = summary.get("history", [])
     timed = [r for r in history if "time/round_s" in r]
     for key in grid.keys():
-        if key == "mb_per_round":
-            comm = summary["comm"]
-            value: Any = (comm["bytes_up_per_round"] + comm["bytes_down_per_round"]) / 1e6
+        if key == "mb_per_round":  # a run that is not federated (fedhet attack) has no communication
+            comm = summary.get("comm")
+            value: Any = None if comm is None else (comm["bytes_up_per_round"] + comm["bytes_down_per_round"]) / 1e6
         elif key == "wall_s":
             value = summary.get("wall_s")
         elif key == "fit_s_per_round":
@@ -609,7 +625,8 @@ def record_of(cell: Cell, summary: dict[str, Any], grid: Grid) -> dict[str, Any]
     curves = {m: [r[m] for r in history if isinstance(r.get(m), (int, float))] for m in grid.curve_metrics()}
     return {
         "label": cell.label, "config": cell.config, "config_sha256": config_digest(cell.config), "seed": cell.seed,
-        "flags": list(cell.flags), "method": summary.get("method"), "values": values,
+        "flags": list(cell.flags), **({"command": cell.command_name} if cell.command_name != "fit" else {}),
+        "method": summary.get("method"), "values": values,
         "curves": {m: c for m, c in curves.items() if c},
         **({"unreached": unreached} if unreached else {}),
         **({"environment": summary["environment"]} if "environment" in summary else {}),
@@ -658,9 +675,11 @@ def records_from_json(path: Path, cells: Sequence[Cell]) -> dict[tuple[str, int]
         cell = planned.get((record.get("label"), record.get("seed")))
         if cell is None:
             continue
-        if record.get("config") != cell.config or list(record.get("flags", [])) != list(cell.flags):
+        same_command = record.get("command", "fit") == cell.command_name
+        if record.get("config") != cell.config or list(record.get("flags", [])) != list(cell.flags) or not same_command:
             raise ConfigError(
-                f"--from_json {path}: {cell.label} seed {cell.seed} was run with {record.get('config')} "
+                f"--from_json {path}: {cell.label} seed {cell.seed} was run with "
+                f"{'' if same_command else 'fedhet ' + str(record.get('command', 'fit')) + ' '}{record.get('config')} "
                 f"{' '.join(record.get('flags', []))}, not as the grid says; rerun it or fix the grid"
             )
         if record.get("config_sha256") not in (None, config_digest(cell.config)):
@@ -682,7 +701,8 @@ def failures_from_json(path: Path, cells: Sequence[Cell]) -> dict[tuple[str, int
     found = {}
     for entry in failed:
         cell = planned.get((entry.get("label"), entry.get("seed")))
-        same = cell is not None and entry.get("config") == cell.config and entry.get("flags", []) == list(cell.flags)
+        same = cell is not None and entry.get("config") == cell.config and entry.get("flags", []) == list(cell.flags) \
+            and entry.get("command", "fit") == cell.command_name
         if same and entry.get("config_sha256") == config_digest(cell.config):
             found[cell.label, cell.seed] = str(entry.get("message", ""))
     return found
@@ -1071,7 +1091,8 @@ def render_page(
             for t in grid.tables
         },
         "failed": [{"label": c.label, "seed": c.seed, "config": c.config, "config_sha256": config_digest(c.config),
-                    "flags": list(c.flags), "message": failures[c.label, c.seed]} for c in grid.cells()
+                    "flags": list(c.flags), **({"command": c.command_name} if c.command_name != "fit" else {}),
+                    "message": failures[c.label, c.seed]} for c in grid.cells()
                    if (c.label, c.seed) in failures and (c.label, c.seed) not in records],
         "environments": environments(ordered),
         "runs": ordered,

@@ -1,4 +1,4 @@
-"""Shared machinery of the paper-reproduction scripts (``fedmdcg_privacy.py``, ``feddyn_scaffold_diagnosis.py`` ...).
+"""Shared machinery of the paper-reproduction scripts (``feddyn_scaffold_diagnosis.py`` ...).
 
 A comparison is a list of :class:`Run` (a config file, extra ``fedhet fit`` flags, a seed); each
 runs as its own ``fedhet fit`` process into ``<root>/<label>/seed<k>``. The grid machinery is

@@ -11,8 +11,12 @@ diagnostic of the paper's Fig. 5, as an accuracy).
 
     python reproductions/fedmdcg_kd_probe.py [--aggregation kdc] [--seed 0] [--omega 0.1]
         [--rounds 10] [--local_steps 10] [--server_steps 20] [--persistent_server_adam]
+    python reproductions/fedmdcg_kd_probe.py --report_only
 
-Writes ``docs/results/fedmdcg_kd_probe.json`` (one entry per configuration, merged).
+Writes ``docs/results/fedmdcg_kd_probe.json`` (one entry per configuration, merged) and renders its
+tables into the diagnostic section of ``docs/fedmdcg.md`` (between the ``kd-probe`` markers);
+``--report_only`` rewrites that section from the json alone. Not a results page: a probe inside one
+run, with a server that keeps extra state, is not a ``fedhet fit`` cell of a grid.
 """
 
 from __future__ import annotations
@@ -31,13 +35,86 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
-from fedmdcg_privacy import CODE_FLAGS, OUT, scenario  # noqa: E402  (this folder)
 
 from fedhet.algorithms.fedmdcg import FedMDCG  # noqa: E402
 from fedhet.algorithms.shared.generators import GeneratorClassifierServer  # noqa: E402
 from fedhet.core.state import clone_state, copy_state_into  # noqa: E402
+from fedhet.data import BalancedDirichletPartitioner, LabelSkewScenario  # noqa: E402
 from fedhet.federation import FederationLoop, FederationSettings  # noqa: E402
 from fedhet.federation.trainer import TrainerTemplate  # noqa: E402
+from fedhet.files import atomic_write_text  # noqa: E402
+
+OUT = Path(os.environ.get("FEDMDCG_BENCH_OUT", REPO / "docs" / "results"))
+#: the probe's json, and the document whose diagnostic section renders it
+PROBE_JSON = OUT / "fedmdcg_kd_probe.json"
+DOC = REPO / "docs" / "fedmdcg.md"
+BEGIN, END = "<!-- kd-probe:begin (written by reproductions/fedmdcg_kd_probe.py) -->", "<!-- kd-probe:end -->"
+
+#: the authors' code flags the shipped FedMD-CG config uses (docs/fedmdcg.md)
+CODE_FLAGS = {
+    "ramp": "code",
+    "lambda_feature_mse": 0.1,
+    "client_temperature": 10.0,
+    "server_temperature": 10.0,
+    "server_loss_form": "code",
+}
+
+
+def scenario(seed: int, omega: float) -> LabelSkewScenario:
+    """The mnist_mdcg scenario (configs/experiments/mnist_mdcg/*.yaml)."""
+    return LabelSkewScenario(
+        dataset="mnist_all",
+        num_clients=10,
+        partitioner=BalancedDirichletPartitioner(omega=omega),
+        pool_train_test=False,
+        global_test_size=None,
+        global_val_size=100,
+        local_test="test_shards",
+        local_test_fraction=0.0,
+        local_val_fraction=0.0,
+        image_size=32,
+        batch_size=64,
+        seed=seed,
+    )
+
+
+def probe_section(probes: dict[str, Any]) -> str:
+    """The probe's tables, one per recorded configuration (the text between the markers of docs/fedmdcg.md)."""
+    lines: list[str] = []
+    for key, probe in probes.items():
+        lines += [
+            f"**{key}** ({probe['wall_s']:.0f} s)",
+            "",
+            "| round | L.acc | G.acc | teachers | F_i + own D_i | F_i + averaged D | F_i + distilled D "
+            "| KD loss first / last |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in probe["rows"]:
+            lines.append(
+                f"| {row['round']} | {row['acc_local']:.1f} | {row['acc_server']:.1f} | {row['teacher_accuracy']} | "
+                f"{row['extractors_with_own_classifier']:.1f} | {row['extractors_with_averaged_classifier']:.1f} | "
+                f"{row['extractors_with_distilled_classifier']:.1f} | "
+                f"{row['distill_loss_first']:.2e} / {row['distill_loss_last']:.2e} |"
+            )
+        rows = probe["rows"][1:]
+        worse = sum(r["extractors_with_distilled_classifier"] < r["extractors_with_averaged_classifier"] for r in rows)
+        summary = f"The distilled D is below the averaged D in {worse} of the {len(rows)} rounds after round 0."
+        lines += ["", summary, ""]
+    return "\n".join(lines).rstrip()
+
+
+def document_with_section(text: str, probes: dict[str, Any]) -> str:
+    """``text`` (docs/fedmdcg.md) with the probe's tables between its markers."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{DOC}: no '{BEGIN}' ... '{END}' markers; put them where the probe's tables go")
+    return text[: start + len(BEGIN)] + "\n" + probe_section(probes) + "\n" + text[end:]
+
+
+def write_section() -> None:
+    """Rewrite the probe's section of docs/fedmdcg.md from its json."""
+    atomic_write_text(DOC, document_with_section(DOC.read_text(), json.loads(PROBE_JSON.read_text())))
+    print(f"wrote the probe's tables into {DOC}", flush=True)
 
 
 class ProbedServer(GeneratorClassifierServer):
@@ -116,7 +193,11 @@ def main() -> None:
     parser.add_argument("--local_steps", type=int, default=10)
     parser.add_argument("--server_steps", type=int, default=20)
     parser.add_argument("--persistent_server_adam", action="store_true")
+    parser.add_argument("--report_only", action="store_true", help="rewrite docs/fedmdcg.md's section from the json")
     args = parser.parse_args()
+    if args.report_only:
+        write_section()
+        return
     torch.set_num_threads(1)
 
     class Probed(FedMDCG):
@@ -141,11 +222,12 @@ def main() -> None:
         f"{args.aggregation} seed={args.seed} omega={args.omega} rounds={args.rounds} local_steps={args.local_steps} "
         f"server_steps={args.server_steps}" + (" persistent_server_adam" if args.persistent_server_adam else "")
     )
-    path = OUT / "fedmdcg_kd_probe.json"
+    path = PROBE_JSON
     results = json.loads(path.read_text()) if path.exists() else {}
     results[key] = {"rows": probe.rows, "wall_s": round(time.perf_counter() - started, 1)}
-    path.write_text(json.dumps(results, indent=1))
+    atomic_write_text(path, json.dumps(results, indent=1))
     print(f"wrote {path} [{key}]", flush=True)
+    write_section()
 
 
 if __name__ == "__main__":

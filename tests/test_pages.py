@@ -214,9 +214,93 @@ def test_shipped_grids_parse_and_name_their_pages(monkeypatch):
         page = ROOT / grid.page
         if page.is_file():
             assert grid.command() in page.read_text(), page
-        rows = [Cell(row.label, row.config, grid.seeds[0], row.flags) for row in grid.rows]
+        rows = [Cell(row.label, row.config, grid.seeds[0], row.flags, row.command) for row in grid.rows]
         selected = [cell for cell in grid.cells()[: len(grid.rows)] if (ROOT / cell.config).is_file()]
-        validate_cells(rows + selected, ROOT / grid.out)  # every row (and selected config) parses as fedhet fit's
+        validate_cells(rows + selected, ROOT / grid.out)  # every row (and selected config) parses as its command's
+
+
+ATTACK_GRID = """
+title: Attack
+page: {page}
+out: {out}
+command: attack
+seeds: [0, 1]
+flags: [--steps=1]
+rows:
+  - {{label: fedavg, config: configs/attacks/fedmdcg_table2.yaml, flags: [--target=fedavg]}}
+  - {{label: mean, config: configs/attacks/fedmdcg_table2.yaml, flags: [--target=dataset_mean]}}
+  - {{label: fit_row, config: configs/experiments/mnist_mdcg/fedavg.yaml, command: fit, seeds: [0]}}
+tables:
+  - {{name: t, metrics: [psnr_whole_model, psnr_uploads_only]}}
+claims:
+  - {{claim: FedAvg leaks, better: fedavg, than: mean, metric: psnr_whole_model}}
+template: "{{command}} {{table:t}} {{claims}}"
+"""
+
+
+def test_a_grid_with_command_attack_plans_attack_cells(tmp_path, monkeypatch):
+    """``command: attack`` makes every row's cells ``fedhet attack`` runs (a row may say otherwise); no tuning."""
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "attack.yaml"
+    text = ATTACK_GRID.format(page=tmp_path / "page.md", out=tmp_path / "runs")
+    path.write_text(text)
+    cells = parse_grid(path).cells()
+    assert [(c.label, c.seed, c.command_name) for c in cells] == [
+        ("fedavg", 0, "attack"), ("mean", 0, "attack"), ("fit_row", 0, "fit"), ("fedavg", 1, "attack"),
+        ("mean", 1, "attack")]  # fmt: skip
+    assert cells[0].flags == ("--steps=1", "--target=fedavg")
+    assert cells[0].command(tmp_path)[2:] == ["fedhet", "attack", "--config", "configs/attacks/fedmdcg_table2.yaml",
+                                              "--seed", "0", "--run_dir", str(tmp_path / "fedavg" / "seed0"),
+                                              "--steps=1", "--target=fedavg"]  # fmt: skip
+    assert cells[2].command(tmp_path)[3] == "fit"
+    assert cells[0].recorded() == {"config": "configs/attacks/fedmdcg_table2.yaml", "flags": ["--steps=1",
+                                   "--target=fedavg"], "command": "attack"}  # fmt: skip
+    assert "command" not in cells[2].recorded()  # a fit cell's record is as before
+    validate_cells([c for c in cells if c.command_name == "attack"], tmp_path)  # parsed by fedhet attack's parser
+    bad = Cell("fedavg", "configs/attacks/fedmdcg_table2.yaml", 0, ("--target=fedsgd",), "attack")
+    with pytest.raises(ConfigError, match=r"^fedavg: --target 'fedsgd': use one of"):
+        validate_cells([bad], tmp_path)
+    for extra, pattern in (
+        ("tuning: {trials: 2, metric: acc_local}\n", "tuning: the tuning stage trains fedhet fit runs; a grid with "
+                                                      "fedhet attack cells has none, remove the tuning block"),
+        ("", "command 'train': use one of fit, attack"),
+    ):
+        path.write_text(extra + (text if extra else text.replace("command: attack", "command: train")))
+        with pytest.raises(ConfigError, match=pattern):
+            parse_grid(path)
+
+
+def test_an_attack_record_is_not_taken_for_a_fit_cell(tmp_path, monkeypatch):
+    """A page json's record made by fedhet attack is refused for a cell the grid now runs with fedhet fit."""
+    from fedhet.pages import records_from_json
+
+    cell = Cell("fedavg", "configs/attacks/fedmdcg_table2.yaml", 0, ("--target=fedavg",), "attack")
+    record = {"label": "fedavg", "seed": 0, "config": cell.config, "flags": list(cell.flags), "values": {}}
+    (tmp_path / "page.json").write_text(json.dumps({"runs": [{**record, "command": "attack"}]}))
+    assert list(records_from_json(tmp_path / "page.json", [cell])) == [("fedavg", 0)]
+    (tmp_path / "page.json").write_text(json.dumps({"runs": [record]}))  # no command: a fit run
+    with pytest.raises(ConfigError, match="with fedhet fit configs/attacks/fedmdcg_table2.yaml --target=fedavg, not"):
+        records_from_json(tmp_path / "page.json", [cell])
+
+
+@pytest.mark.slow
+def test_an_attack_grid_runs_its_cells_and_writes_its_page(tmp_path, capsys, monkeypatch):
+    """Two 1-step attack cells through fedhet bench: the page's numbers are their summaries'; a rerun runs nothing."""
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "attack.yaml"
+    text = ATTACK_GRID.format(page=tmp_path / "page.md", out=tmp_path / "runs").replace("seeds: [0, 1]", "seeds: [0]")
+    path.write_text("".join(line for line in text.splitlines(keepends=True) if "fit_row" not in line))
+    assert main(["bench", "--grid", str(path), "--jobs", "1", "--threads", "1"]) == 0
+    payload = json.loads((tmp_path / "page.json").read_text())
+    for label in ("fedavg", "mean"):
+        summary = json.loads((tmp_path / "runs" / label / "seed0" / "summary.json").read_text())
+        (record,) = [r for r in payload["runs"] if r["label"] == label]
+        assert record["command"] == "attack"
+        assert record["values"]["final/psnr_whole_model"] == summary["final"]["psnr_whole_model"]
+    assert payload["claims"][0]["seeds"] == [0]
+    capsys.readouterr()
+    assert main(["bench", "--grid", str(path), "--jobs", "1"]) == 0
+    assert "2 of 2 cells already complete" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -367,19 +451,39 @@ def test_every_grid_page_is_what_its_json_alone_rewrites(monkeypatch):
     assert checked >= 10
 
 
-def test_every_results_page_names_the_command_that_regenerates_it():
-    """A page under docs/results/ names its grid (``fedhet bench --grid``) or, not yet a grid, its existing script."""
+def test_the_kd_probe_section_of_docs_fedmdcg_is_what_its_json_renders(monkeypatch):
+    """docs/fedmdcg.md's KD-probe tables (a diagnostic, not a results page) are what the probe's json renders."""
+    monkeypatch.syspath_prepend(str(ROOT / "reproductions"))
+    monkeypatch.delenv("FEDMDCG_BENCH_OUT", raising=False)
+    import fedmdcg_kd_probe as probe
+
+    text = probe.DOC.read_text()
+    probes = json.loads(probe.PROBE_JSON.read_text())
+    assert probe.document_with_section(text, probes) == text
+    assert text.count("The distilled D is below the averaged D in") == len(probes) == 2
+
+
+def test_every_results_page_names_the_command_that_regenerates_it(monkeypatch):
+    """Every page under docs/results/ names the one ``fedhet bench`` command (its grid file) that regenerates it.
+
+    A grid page names ``fedhet bench --grid`` with its own grid; claims.md names ``fedhet bench --claims``.
+    No page is written by a script any more (FedMD-CG's privacy page became a grid of ``fedhet attack`` cells).
+    """
     import re
 
+    monkeypatch.chdir(ROOT)
     pages = sorted((ROOT / "docs" / "results").glob("*.md"))
     assert pages
     for page in pages:
         text = page.read_text()
-        grids = re.findall(r"fedhet bench --(?:grid|claims) (configs/grids/[\w.-]+\.yaml)", text)
-        scripts = re.findall(r"(?:python |`)(reproductions/[\w.-]+\.py)", text)
-        assert grids or scripts, f"{page.name} names no command that regenerates it"
-        for path in grids + scripts:
+        grids = re.findall(r"fedhet bench --grid (configs/grids/[\w.-]+\.yaml)", text)
+        claims = re.search(r"fedhet bench --claims ((?:configs/grids/[\w.-]+\.yaml ?)+)`", text)
+        assert grids or claims, f"{page.name} names no fedhet bench command that regenerates it"
+        for path in grids + (claims.group(1).split() if claims else []):
             assert (ROOT / path).is_file(), f"{page.name} names {path}, which does not exist"
+        if not claims:
+            own = [g for g in grids if parse_grid(g).page == Path("docs/results") / page.name]
+            assert own, f"{page.name}: none of the grids it names ({', '.join(grids)}) writes it"
 
 
 def test_a_cell_that_failed_says_why_on_the_page(tmp_path, capsys, monkeypatch):
