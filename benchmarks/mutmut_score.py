@@ -499,6 +499,21 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.fedvtc.xǁFedVTCClientǁon_receive: None":  # the mutant is download.prototypes.to(None)
     "an index assignment casts its source to the buffer's dtype; the device is the buffer's on a CPU-only "
     "machine (benchmarks/gpu_check.py runs FedVTC on cuda)",
+    **{f"fedhet.algorithms.fedvtc.xǁFedVTCServerǁ__init__: {line}": "a placeholder that setup_server() replaces "
+       "(the loop sets a server up before anything else, also on resume); vtc_averaged and broadcast_all are read "
+       "only as truth values, where None is False (and load_server_state reads them through bool()); "
+       "finetune_done is set by the first fine-tuning aggregate before any fine-tuning download reads it; "
+       "rounds_done is compared with a positive round count, which equals neither 0 nor None"
+       for line in (
+           "self.anchor_norm = None", "self.anchor_norm = 1.0", "self.num_classes = None", "self.num_classes = 1",
+           "self.owned = None", "self.owned = torch.zeros(0, 0, dtype=None)", "self.owned = torch.zeros(0, 0, )",
+           "self.owned = torch.zeros(0, dtype=torch.bool)", "self.owned = torch.zeros(1, 0, dtype=torch.bool)",
+           "self.owned = torch.zeros(0, 1, dtype=torch.bool)", "self.prototypes = None",
+           "self.prototypes = torch.zeros(0)", "self.prototypes = torch.zeros(0, )",
+           "self.prototypes = torch.zeros(1, 0)", "self.prototypes = torch.zeros(0, 1)", "self.sigma = None",
+           "self.sigma = torch.zeros(1)", "self.vtc: dict[str, Tensor] = None", "self.vtc_averaged = None",
+           "self.broadcast_all = None", "self.finetune_done = 1", "self.rounds_done = None",
+       )},
     **{f"fedhet.algorithms.fedvtc.xǁFedVTCClientǁmake_upload: {line}": "a client's per-class example counts are "
        "integers far below 2**24, exact in float32; the division by them promotes to the sums' float64 either way"
        for line in ("counts = torch.zeros(self.num_classes, dtype=None)", "counts = torch.zeros(self.num_classes, )")},

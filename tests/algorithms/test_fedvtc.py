@@ -455,6 +455,22 @@ def test_server_psi_average_of_identical_vtcs_is_the_identity_and_broadcast_is_c
     assert server.download_for(0) is not None
 
 
+def test_downloads_over_a_one_round_run():
+    """T = 1: round 0 sends the owned classes and sigma; the VTC upload step after round T gets nothing; then all."""
+    counts = torch.tensor([[5, 0, 5], [0, 5, 0], [5, 5, 5]])
+    server = FedVTCServer(finetune_rounds=2)
+    server.setup_server(_context(counts=counts))
+    server.total_rounds = 1
+    first = server.download_for(0)
+    assert first.classes.tolist() == [0, 2] and first.prototypes.shape == (2, 2) and not first.vtc
+    assert torch.equal(first.sigma, torch.ones(2))  # the clients' initial SD (log sigma 0 in _context)
+    server.aggregate(0, [upload(0, _stats([0, 2], [[1.0, 1.0], [2.0, 2.0]], [0.5, 0.5]))])
+    assert server.download_for(0) is None  # the vtc_sync step after round T needs nothing
+    server.phase = VTC_SYNC
+    server.aggregate(0, [upload(c, VTCPayload(vtc=clone_state(server.vtc))) for c in range(3)])
+    assert server.download_for(1).classes.tolist() == [0, 1, 2]
+
+
 def test_initial_prototypes_are_zeros_or_shared_seeded_anchors_and_the_server_starts_from_them():
     """Zeros at sd = 0 (Table 5); at sd = 0.1 the same N(0, 0.01 I) anchors for every client and the server."""
     assert torch.equal(initial_prototypes(3, 4), torch.zeros(3, 4))
