@@ -84,12 +84,15 @@ EXTRA_TESTS = {
                                                       "tests/algorithms/test_fccl_plus.py"],
     "fedhet/algorithms/shared/generators.py": ["tests/algorithms/test_oracle_fedmdcg.py",
                                                "tests/algorithms/test_oracle_fedcg.py",
-                                               "tests/algorithms/test_fedmdcg_server_knobs.py"],
+                                               "tests/algorithms/test_fedmdcg_server_knobs.py",
+                                               "tests/algorithms/test_reuse.py"],
     "fedhet/algorithms/fccl.py": ["tests/algorithms/test_oracle_fccl_plus.py"],
     "fedhet/algorithms/fedmdcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py"],
-    "fedhet/algorithms/fedcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py"],
+    # test_reuse.py: each client under a plain Trainer with a logger (its own training_step logs train/loss)
+    "fedhet/algorithms/fedcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py", "tests/algorithms/test_reuse.py"],
+    "fedhet/algorithms/fedvtc.py": ["tests/algorithms/test_reuse.py"],
     "fedhet/algorithms/fedmrl.py": ["tests/algorithms/test_fedmrl_fedl2g.py"],
-    "fedhet/algorithms/fedl2g.py": ["tests/algorithms/test_fedmrl_fedl2g.py"],
+    "fedhet/algorithms/fedl2g.py": ["tests/algorithms/test_fedmrl_fedl2g.py", "tests/algorithms/test_reuse.py"],
     "fedhet/algorithms/fedbn.py": ["tests/algorithms/test_fedbn_ditto.py", "tests/algorithms/test_oracle_partial.py"],
     "fedhet/algorithms/ditto.py": ["tests/algorithms/test_fedbn_ditto.py", "tests/algorithms/test_oracle_partial.py"],
     "fedhet/algorithms/fedper.py": ["tests/algorithms/test_oracle_partial.py"],
@@ -514,6 +517,31 @@ EQUIVALENT: dict[str, str] = {
            "self.sigma = torch.zeros(1)", "self.vtc: dict[str, Tensor] = None", "self.vtc_averaged = None",
            "self.broadcast_all = None", "self.finetune_done = 1", "self.rounds_done = None",
        )},
+    **{f"fedhet.algorithms.fedvtc.x_initial_prototypes: generator = torch.Generator().manual_seed({call})":
+       "a seed salt: any fixed label derives an equally valid stream (that the seed reaches it is tested)"
+       for call in ('derive_seed(seed, None)', 'derive_seed(seed, )', 'derive_seed(seed, "XXfedvtc-prototypesXX")',
+                    'derive_seed(seed, "FEDVTC-PROTOTYPES")')},
+    **{f"fedhet.algorithms.fedvtc.xǁLatentPriorǁ__init__: {line}": "torch.tensor of a Python int is int64 already"
+       for line in ('self.register_buffer("synthetic_seed", torch.tensor(-1, dtype=None))',
+                    'self.register_buffer("synthetic_seed", torch.tensor(-1, ))')},
+    "fedhet.algorithms.fedvtc.xǁFedVTCClientǁvtc_target: return pixels.mean(1, keepdim=True) if "
+    "self.vtc.out_channels == 1 and pixels.shape[1] != 2 else pixels": "the mean over a single channel is that "
+    "channel: one-channel pixels give the same target either way",
+    "fedhet.algorithms.fedvtc.xǁFedVTCǁbuild_vtc: with torch.random.fork_rng(devices=None):": "the VTC is drawn "
+    "from the CPU generator; forking the CUDA generators as well (devices=None) restores them unchanged",
+    **{f"fedhet.algorithms.fedvtc.xǁFedVTCǁbuild_vtc: {line}": "a seed salt: any fixed label derives an equally "
+       "valid stream (that vtc_init_seed reaches it is tested)"
+       for line in ('torch.manual_seed(derive_seed("fedvtc-vtc"))',
+                    *(f"torch.manual_seed(derive_seed(self.hp.vtc_init_seed, {salt}))"
+                      for salt in ('"FEDVTC-VTC"', '"XXfedvtc-vtcXX"', "", "None")))},
+    "fedhet.algorithms.fedvtc.xǁFedVTCǁbuild_client: model = linear_feature_projection(model, shape[0] * shape[2] "
+    "* shape[2])": "the latent is square (image_size // 4 by image_size // 4): shape[1] == shape[2]",
+    "fedhet.algorithms.fedvtc.xǁFedVTCClientǁtraining_step: return super().training_step(batch, None)":
+    "ClientModule.training_step does not read batch_idx",
+    **{f"fedhet.algorithms.fedvtc.xǁFedVTCServerǁsetup_server: {line}": "without label counts every client owns "
+       "every class: a mask of float ones is read only by .all() and nonzero(), where 1.0 is True"
+       for line in ("else torch.ones(context.num_clients, self.num_classes, dtype=None)",
+                    "else torch.ones(context.num_clients, self.num_classes, )")},
     **{f"fedhet.algorithms.fedvtc.xǁFedVTCClientǁmake_upload: {line}": "a client's per-class example counts are "
        "integers far below 2**24, exact in float32; the division by them promotes to the sums' float64 either way"
        for line in ("counts = torch.zeros(self.num_classes, dtype=None)", "counts = torch.zeros(self.num_classes, )")},

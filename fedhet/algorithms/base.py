@@ -364,9 +364,17 @@ class ClientModule(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self.local_loss(batch)
+        self.log_train_loss(loss)
+        return loss
+
+    def log_train_loss(self, loss: Tensor) -> None:
+        """``train/loss`` (per step and per epoch, on the progress bar) for a plain Trainer with a logger.
+
+        The round loop's lean Trainer has no logger: the runtime records each stage's loss itself,
+        and skipping ``self.log`` keeps Lightning's metric bookkeeping out of every step.
+        """
         if self._trainer is not None and self.trainer.logger is not None:
             self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         x, y = batch

@@ -237,8 +237,7 @@ class FedCGClient(GeneratorClassifierClient):
         gen_optimizer.step()
         # the discriminator's gradients of the generator step are cleared at its next zero_grad
         loss = (disc + gen).detach()
-        if self._trainer is not None and self.trainer.logger is not None:
-            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss)
         return loss
 
     def on_receive(self, download: Payload | None) -> None:

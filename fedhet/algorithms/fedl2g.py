@@ -249,8 +249,7 @@ class FedL2GClient(ClientModule):
                 features, logits = self.forward_on_copies(x)
                 guide = None if self.guide is None else self.guide.to(x.device)
                 loss = self.guided_loss(features, logits, y, guide if studying else None)
-        if self._trainer is not None and self.trainer.logger is not None:
-            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss)
         return loss
 
     def forward_on_copies(self, x: Tensor, params: Mapping[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:

@@ -435,10 +435,11 @@ class FedVTCClient(ClientModule):
         return pixels.mean(1, keepdim=True) if self.vtc.out_channels == 1 and pixels.shape[1] != 1 else pixels
 
     def model_input(self, images: Tensor) -> Tensor:
-        """Generated images in [0, 1] as the classifier sees real ones: replicated channels, normalised."""
-        channels = self.pixel_mean.shape[1]
-        if images.shape[1] == 1 and channels > 1:
-            images = images.expand(-1, channels, -1, -1)
+        """Generated images in [0, 1] as the classifier sees real ones: normalised per channel.
+
+        A one-channel image broadcasts against the scenario's per-channel statistics, which
+        replicates it into every channel as the grey-replicated real digits are.
+        """
         return (images - self.pixel_mean) / self.pixel_std
 
     # ------------------------------------------------------------------ losses
@@ -504,8 +505,7 @@ class FedVTCClient(ClientModule):
         loss = self._classifier_step(x, y)
         if not step:  # alternate="batch": step B on the same mini-batch
             self._vtc_step(x, y)
-        if self._trainer is not None and self.trainer.logger is not None:  # a plain Trainer with a logger
-            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss)
         return loss
 
     def _classifier_step(self, x: Tensor, y: Tensor) -> Tensor:

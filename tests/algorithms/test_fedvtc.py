@@ -20,10 +20,12 @@ from fedhet.algorithms.fedvtc import (
     FedVTC,
     FedVTCClient,
     FedVTCServer,
+    LatentPrior,
     VTCDecoder,
     VTCPayload,
     decode_latents,
     initial_prototypes,
+    linear_feature_projection,
 )
 from fedhet.core.payloads import Payload
 from fedhet.core.state import clone_state
@@ -32,6 +34,7 @@ from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation.trainer import TrainerTemplate
 from fedhet.functional.vtc import gaussian_kl_to_prior
 from fedhet.models import create_model
+from fedhet.seeding import derive_seed
 from tests.algorithms.helpers import (
     FAST,
     TinyLinear,
@@ -93,7 +96,44 @@ def test_vtc_loss_is_rc_plus_kl_plus_dm_by_hand():
     v = torch.tensor([[1.0, 0.0]]) + eps
     expected = eps.pow(2).sum() + 1.0 + 0.5 * (v - torch.tensor([[0.0, 1.0]])).pow(2).sum()
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
-    assert client.last_terms["kl"] == pytest.approx(1.0)
+    dm = (v - torch.tensor([[0.0, 1.0]])).pow(2).sum().item()
+    assert client.last_terms == pytest.approx({"rc": eps.pow(2).sum().item(), "kl": 1.0, "dm": dm}, abs=1e-5)
+
+
+@pytest.mark.parametrize("dm_weight, reduction", [(1.0, "class_mean_sum"), (1.0, "batch_mean"), (0.0, "batch_mean")])
+def test_the_logged_terms_follow_the_loss_reduction(dm_weight, reduction):
+    """last_terms holds each term reduced as the loss is (class-mean sum or batch mean); L_dm only when weighted."""
+    client = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), dm_weight=dm_weight, reduction=reduction)  # type: ignore[arg-type]
+    client.latent.log_sigma.data.fill_(-30.0)  # sigma ~ 0: v = z, L_rc = 0, L_dm = ||z - c||^2 = 2 KL / sigma-free
+    x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]]).reshape(3, 1, 1, 2)
+    y = torch.tensor([0, 0, 1])
+    client.vtc_loss(x, y, client.model.forward_features(x))
+    squared = torch.tensor([1.0, 9.0, 4.0])  # ||z - 0||^2 per sample (zero prototypes)
+    per_class = (squared[0] + squared[1]) / 2 + squared[2]
+    expected_dm = float(per_class if reduction == "class_mean_sum" else squared.mean())
+    assert set(client.last_terms) == ({"rc", "kl", "dm"} if dm_weight else {"rc", "kl"})
+    assert client.last_terms["rc"] == pytest.approx(0.0, abs=1e-6)
+    if dm_weight:
+        assert client.last_terms["dm"] == pytest.approx(expected_dm, rel=1e-5)
+
+
+def test_pixels_travel_between_the_scenario_and_the_vtc():
+    """Targets: de-normalised, a one-channel VTC's averaged over channels; generated images: replicated, normalised."""
+    client = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), pixel_mean=(0.5, 0.5, 0.5), pixel_std=(0.5, 0.25, 0.5))  # type: ignore[arg-type]
+    x = torch.tensor([0.0, 2.0, -1.0]).view(1, 3, 1, 1).expand(1, 3, 1, 2)
+    pixels = torch.tensor([0.5, 1.0, 0.0]).view(1, 3, 1, 1).expand(1, 3, 1, 2)
+    torch.testing.assert_close(client.vtc_target(x), pixels.mean(1, keepdim=True))  # one-channel VTC: the mean
+    client.vtc.out_channels = 3
+    torch.testing.assert_close(client.vtc_target(x), pixels)
+    grey = torch.full((1, 1, 1, 2), 0.75)
+    expected = (torch.full((1, 3, 1, 2), 0.75) - 0.5) / torch.tensor([0.5, 0.25, 0.5]).view(1, 3, 1, 1)
+    torch.testing.assert_close(client.model_input(grey), expected)
+    colour = torch.rand(1, 3, 1, 2)
+    std = torch.tensor([0.5, 0.25, 0.5]).view(1, 3, 1, 1)
+    torch.testing.assert_close(client.model_input(colour), (colour - 0.5) / std)
+    mono = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), pixel_mean=(0.5,), pixel_std=(0.5,))  # type: ignore[arg-type]
+    torch.testing.assert_close(mono.vtc_target(torch.ones(1, 1, 1, 2)), torch.ones(1, 1, 1, 2))
+    torch.testing.assert_close(mono.model_input(grey), torch.full((1, 1, 1, 2), 0.5))
 
 
 def test_vtc_loss_sums_class_means():
@@ -181,6 +221,45 @@ def test_received_prototypes_and_sigma_land_in_the_clients_precision():
     assert torch.equal(client.latent.prototypes, torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.5, -2.0]]).double())
 
 
+def test_the_vtc_and_sigma_step_at_vtc_lr_when_set():
+    """vtc_lr=None: Algorithm 1's single eta for both optimizers; set, it is the VTC's and sigma's rate only."""
+    client = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), lr=0.05, vtc_lr=0.3)  # type: ignore[arg-type]
+    client.stage = "local"
+    model_optimizer, vtc_optimizer = client.configure_optimizers()
+    assert model_optimizer.param_groups[0]["lr"] == 0.05 and vtc_optimizer.param_groups[0]["lr"] == 0.3
+
+
+def _finetune_client(**hp) -> FedVTCClient:
+    client = FedVTCClient(TinyLinear(), 2, vtc=_LinearDecoder(), synthetic_per_class=4, finetune_batch_size=4, **hp)  # type: ignore[arg-type]
+    client.stage = FINETUNE
+    return client
+
+
+def test_fine_tuning_batches_shuffle_by_the_step_seed_alone():
+    """Mini-batches: a shuffle drawn from the step's seed (not the global RNG); the full batch: the set in order."""
+    client = _finetune_client()
+    labels = [[y.tolist() for _, y in client.stage_dataloader([], seed=seed)] for seed in (5, 5, 6)]
+    torch.manual_seed(123)  # another global RNG state changes nothing
+    again = [y.tolist() for _, y in client.stage_dataloader([], seed=5)]
+    assert labels[0] == labels[1] == again and labels[0] != labels[2]
+    assert sorted(sum(labels[0], [])) == [0] * 4 + [1] * 4 and sum(labels[0], []) != [0] * 4 + [1] * 4
+    full = list(_finetune_client(finetune_mode="literal_fullbatch").stage_dataloader([], seed=5))
+    assert len(full) == 1 and full[0][1].tolist() == [0] * 4 + [1] * 4
+
+
+def test_the_synthetic_set_is_drawn_once_from_its_stored_seed():
+    """The seed is drawn at the first fine-tuning step and kept; -1 means not drawn, so a stored 0 is a seed."""
+    client = _finetune_client()
+    client.stage_dataloader([], seed=5)
+    drawn = int(client.latent.synthetic_seed)
+    assert drawn == derive_seed(5, "fedvtc-synthetic")
+    client.stage_dataloader([], seed=6)
+    assert int(client.latent.synthetic_seed) == drawn
+    client.latent.synthetic_seed.fill_(0)
+    client.stage_dataloader([], seed=6)
+    assert int(client.latent.synthetic_seed) == 0
+
+
 def test_synthetic_batch_norm_uses_the_statistics_of_the_decoded_latents():
     """synthetic_bn="batch" normalises with the synthetic latents' own statistics, whatever the running ones say.
 
@@ -211,11 +290,13 @@ def test_alternating_step_updates_f_with_ce_plus_tc_and_psi_with_tc():
     algorithm = FedVTC(latent_channels=4, vtc_channels=(2, 2, 2), lr=0.1)
     algorithm.configure(DataFormat(image_size=8, channels=1, mean=(0.0,), std=(1.0,), num_classes=2))
     module = algorithm.build_client(create_model("cnn_tiny", num_classes=2, in_channels=1, seed=0), 2)
+    with torch.no_grad():
+        module.latent.log_sigma.fill_(-12.0)  # sigma ~ 6e-6: the latent is z, whatever noise is drawn
     before = clone_state(module.state_dict())
     x, y = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 0, 1])
     module.stage = "local"
     module.automatic_optimization = False
-    fit(module, one_batch_loader(x, y))
+    meter = fit(module, one_batch_loader(x, y))
     after = module.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert any(k.startswith("model.") for k in changed)
@@ -226,8 +307,10 @@ def test_alternating_step_updates_f_with_ce_plus_tc_and_psi_with_tc():
     module.zero_grad(set_to_none=True)
     model_optimizer, vtc_optimizer = module.configure_optimizers()
     module._freeze(vtc=True)
+    module.train()
     z = module.model.forward_features(x)
     loss = F.cross_entropy(module.model.forward_head(z), y) + module.vtc_loss(x, y, z)
+    assert meter.steps == 1 and meter.mean() == pytest.approx(loss.item(), rel=1e-6)  # the runtime sees CE + L_tc
     loss.backward()
     assert all(p.grad is None for p in module.vtc.parameters()) and module.latent.log_sigma.grad is None
     assert all(p.grad is not None for p in module.model.parameters())
@@ -309,6 +392,8 @@ def test_epoch_alternation_steps_only_the_marked_half():
         assert all(torch.equal(after[n], before[n]) for n in before if n.startswith(still))
         # the runtime's loss is step A's CE + L_tc; a step-B batch reports none
         assert meter.steps == (1 if step == STEP_A else 0)
+        # either step leaves the classifier trainable (fine-tuning and a user's own optimizer train it next)
+        assert all(p.requires_grad for p in module.model.parameters())
 
 
 def test_epoch_alternation_of_one_batch_is_the_batch_alternation():
@@ -471,6 +556,20 @@ def test_downloads_over_a_one_round_run():
     assert server.download_for(1).classes.tolist() == [0, 1, 2]
 
 
+def test_a_latent_prior_starts_at_sigma_one_zero_prototypes_and_no_synthetic_seed():
+    """Table 5's start by default; given prototypes are copied, not shared."""
+    prior = LatentPrior(3, 2)
+    assert torch.equal(prior.log_sigma.detach(), torch.zeros(2)) and torch.equal(prior.prototypes, torch.zeros(3, 2))
+    assert prior.synthetic_seed.item() == -1 and prior.synthetic_seed.dtype == torch.long
+    anchors = torch.ones(3, 2)
+    given = LatentPrior(3, 2, prior_sd=0.1, initial_prototypes=anchors)
+    anchors.zero_()
+    assert torch.equal(given.prototypes, torch.ones(3, 2))
+    assert given.log_sigma.detach() == pytest.approx([math.log(0.1)] * 2)
+    assert torch.equal(initial_prototypes(3, 2), torch.zeros(3, 2))
+    assert initial_prototypes(3, 2, sd=1.0).abs().sum() > 0  # sd 1: anchors, not zeros
+
+
 def test_initial_prototypes_are_zeros_or_shared_seeded_anchors_and_the_server_starts_from_them():
     """Zeros at sd = 0 (Table 5); at sd = 0.1 the same N(0, 0.01 I) anchors for every client and the server."""
     assert torch.equal(initial_prototypes(3, 4), torch.zeros(3, 4))
@@ -492,6 +591,19 @@ def test_initial_prototypes_are_zeros_or_shared_seeded_anchors_and_the_server_st
     )
     assert torch.equal(server.prototypes, clients[0].latent.prototypes)
     assert torch.equal(server.download_for(0).prototypes, clients[0].latent.prototypes)
+
+
+def test_the_server_refuses_clients_it_cannot_serve():
+    """Clients without FedVTC's latent state, and anchor rescaling when the clients start from zero prototypes."""
+    with pytest.raises(ConfigError) as error:
+        FedVTCServer().setup_server(dataclasses.replace(_context(), initial_client_state=lambda cid: {}))
+    assert str(error.value) == "FedVTC's server needs FedVTC clients (no 'latent.prototypes' in the client state)"
+    anchored = FedVTCServer(prototype_scale="anchors", initial_prototype_sd=0.1)
+    with pytest.raises(ConfigError) as error:
+        anchored.setup_server(_context())  # the clients' prototypes are zeros
+    assert str(error.value) == (
+        "FedVTC: prototype_scale='anchors' needs initial_prototype_sd > 0 (zero prototypes have no scale)"
+    )
 
 
 def test_server_rejects_bad_uploads():
@@ -599,6 +711,41 @@ def test_synthetic_set_has_s_over_c_samples_per_class_decoded_from_its_prototype
     assert torch.equal(images, again)
 
 
+def test_the_linear_neck_is_kept_or_built_to_the_latent_size():
+    """A Linear neck to dim is kept (same weights); pooling, or a Linear neck to another size, gets a fresh one."""
+    kept = create_model("cnn_tiny", num_classes=10, in_channels=1, seed=0, feature_dim=8, feature_proj="linear")
+    neck, head = kept.neck, kept.head
+    assert linear_feature_projection(kept, 8) is kept and kept.neck is neck and kept.head is head
+    for proj, dim in (("pool", 8), ("linear", 12)):
+        model = create_model("cnn_tiny", num_classes=10, in_channels=1, seed=0, feature_dim=8, feature_proj=proj)
+        linear_feature_projection(model, dim)
+        assert isinstance(model.neck, nn.Linear) and (model.neck.in_features, model.neck.out_features) == (16, dim)
+        assert (model.head.in_features, model.head.out_features) == (dim, 10) and model.num_features == dim
+        assert model.forward_features(torch.rand(2, 1, 8, 8)).shape == (2, dim)
+    with pytest.raises(ConfigError) as error:
+        linear_feature_projection(nn.Linear(2, 2), 8)
+    assert str(error.value) == "FedVTC needs FeatureClassifier backbones (missing 'neck')"
+
+
+def test_an_unconfigured_fedvtc_builds_the_mnist_latent_and_identity_pixels():
+    """Without a data format (a user building clients by hand): 28-pixel images, pixels as given."""
+    algorithm = FedVTC()
+    assert algorithm.latent_shape() == (20, 7, 7)
+    client = algorithm.build_client(create_model("cnn_tiny", num_classes=10, in_channels=1, seed=0), 10)
+    assert client.pixel_mean.flatten().tolist() == [0.0] and client.pixel_std.flatten().tolist() == [1.0]
+    assert client.model.num_features == 980
+
+
+def test_every_client_starts_from_the_vtc_of_vtc_init_seed():
+    """One seed, one VTC (whatever the global RNG); another seed, another VTC."""
+    def vtc(seed: int) -> dict:
+        torch.manual_seed(seed + 100)
+        return FedVTC(vtc_init_seed=seed).build_vtc().state_dict()
+
+    assert not differing(state_digests(vtc(0)), state_digests(vtc(0)))
+    assert differing(state_digests(vtc(0)), state_digests(vtc(1)))
+
+
 def test_bad_configuration_fails_in_one_line():
     """An image size the VTC cannot reach and a wrong channel list are ConfigErrors."""
     algorithm = FedVTC()
@@ -607,6 +754,9 @@ def test_bad_configuration_fails_in_one_line():
         algorithm.build_vtc()
     with pytest.raises(ConfigError, match="vtc_channels"):
         FedVTC(vtc_channels=(1, 2))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as error:
+        FedVTC(vtc_out_channels=2).build_vtc()
+    assert str(error.value) == "FedVTC: vtc_out_channels=2 must be 1 or the images' 3 channels"
 
 
 # ---------------------------------------------------------------------- runs of the tiny scenario

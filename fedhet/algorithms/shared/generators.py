@@ -292,8 +292,7 @@ class GeneratorClassifierClient(ClientModule, ABC):
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         x, y = batch
         loss = self.generator_update_loss(x, y) if self.generator_stage() else self.model_update_loss(x, y)
-        if self._trainer is not None and self.trainer.logger is not None:
-            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss)
         return loss
 
     def local_loss(self, batch: Batch) -> Tensor:
