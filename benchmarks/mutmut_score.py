@@ -527,6 +527,16 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.fedvtc.xǁFedVTCClientǁvtc_target: return pixels.mean(1, keepdim=True) if "
     "self.vtc.out_channels == 1 and pixels.shape[1] != 2 else pixels": "the mean over a single channel is that "
     "channel: one-channel pixels give the same target either way",
+    "fedhet.algorithms.fedvtc.xǁFedVTCClientǁ__init__: self.latent = LatentPrior(None, latent_dim, "
+    "self.hp.prior_sd, anchors)": "LatentPrior reads num_classes only without initial prototypes, and the client "
+    "always passes its anchors (zeros by default)",
+    **{f"fedhet.algorithms.fedvtc.xǁFedVTCClientǁ__init__: {line}": reason for line, reason in (
+        *((f'self.register_buffer("{name}", torch.tensor(list({name})).view(1, -1, 1, 1), persistent=None)',
+           "register_buffer tests persistent for truth: None is False") for name in ("pixel_mean", "pixel_std")),
+        *((f'self.register_buffer("{name}", torch.tensor(list({name})).view(-1, 1, 1), persistent=False)',
+           "a [C, 1, 1] tensor broadcasts over [B, C, H, W] exactly as [1, C, 1, 1]")
+          for name in ("pixel_mean", "pixel_std")),
+        ("self.last_terms: dict[str, float] = None", "read only after vtc_loss sets it (diagnostics and tests)"))},
     "fedhet.algorithms.fedvtc.xǁFedVTCǁbuild_vtc: with torch.random.fork_rng(devices=None):": "the VTC is drawn "
     "from the CPU generator; forking the CUDA generators as well (devices=None) restores them unchanged",
     **{f"fedhet.algorithms.fedvtc.xǁFedVTCǁbuild_vtc: {line}": "a seed salt: any fixed label derives an equally "

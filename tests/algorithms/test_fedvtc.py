@@ -591,6 +591,10 @@ def test_initial_prototypes_are_zeros_or_shared_seeded_anchors_and_the_server_st
     )
     assert torch.equal(server.prototypes, clients[0].latent.prototypes)
     assert torch.equal(server.download_for(0).prototypes, clients[0].latent.prototypes)
+    reseeded = FedVTC(latent_channels=1, vtc_channels=(1, 1, 1), initial_prototype_sd=0.1, vtc_init_seed=3)
+    reseeded.configure(DataFormat(image_size=8, channels=1, mean=(0.0,), std=(1.0,), num_classes=3))
+    client = reseeded.build_client(create_model("cnn_tiny", num_classes=3, in_channels=1, seed=0), 3)
+    assert torch.equal(client.latent.prototypes, initial_prototypes(3, 4, sd=0.1, seed=3))  # vtc_init_seed's anchors
 
 
 def test_the_server_refuses_clients_it_cannot_serve():
