@@ -456,8 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--claims", nargs="+", default=None, metavar="GRID",
-        help="write docs/results/claims.md: every claim of these grids' pages with its verdict (from their json); "
-        "a .json path adds a script page's computed claims",
+        help="write docs/results/claims.md: every claim of these grids' pages with its verdict (from their json)",
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of every cell (default: 0)")
     parser.add_argument(

@@ -1239,31 +1239,11 @@ def grid_command(
 CLAIMS_PAGE = Path("docs/results/claims.md")
 
 
-def script_page_claims(record: Path) -> tuple[str, dict[str, str], list[dict[str, Any]]]:
-    """The title, row names and computed claims a script's page json holds (see :func:`claims_page`)."""
-    try:
-        payload = json.loads(record.read_text())
-        return payload["title"], payload["names"], payload["claims"]
-    except FileNotFoundError:
-        raise ConfigError(f"{record}: no such page json; run the script that writes it first") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ConfigError(f"{record}: not a page json with title, names and claims ({error})") from None
-
-
-def _add_claims(lines: list[str], tally: dict[str, int], results: list[dict[str, Any]], names: dict[str, str]) -> None:
-    """Append a page's claims table to ``lines`` and count its verdicts in ``tally``."""
-    lines += [claims_markdown(results, names), ""]
-    for result in results:
-        tally[result["verdict"]] = tally.get(result["verdict"], 0) + 1
-
-
 def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
     """Every claim the grids declare, with the verdict and interval their pages' json computed; written to ``page``.
 
     A grid whose page has no json yet (never run) is listed as not run, its claims without verdicts.
-    A ``.json`` path is a page a script writes (an experiment that is not a federated run, such as
-    FedMD-CG's gradient-inversion attack): its json holds the page's ``title``, the row ``names``
-    and the ``claims`` it computed with :func:`fedhet.statistics.paired_difference`.
+    Only grid files: every page is a grid page (FedMD-CG's gradient-inversion attack included).
     """
     lines = [
         "# Claims of the papers and their verdicts",
@@ -1278,10 +1258,7 @@ def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
     tally: dict[str, int] = {}
     for path in grid_paths:
         if path.endswith(".json"):
-            title, names, results = script_page_claims(Path(path))
-            lines += [f"## [{title}]({Path(path).with_suffix('.md').name})", ""]
-            _add_claims(lines, tally, results, names)
-            continue
+            raise ConfigError(f"--claims {path}: give the page's grid file (configs/grids/*.yaml), not its json")
         grid = parse_grid(path)
         record = grid.page.with_suffix(".json")
         lines.append(f"## [{grid.title}]({grid.page.name})")
@@ -1302,7 +1279,9 @@ def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
         if missing:
             lines += [f"**Partial**: {len(missing)} cells of the page are not recorded yet; these verdicts are over "
                       "the seeds recorded so far.", ""]  # fmt: skip
-        _add_claims(lines, tally, results, names)
+        lines += [claims_markdown(results, names), ""]
+        for result in results:
+            tally[result["verdict"]] = tally.get(result["verdict"], 0) + 1
     total = ", ".join(f"{count} {verdict}" for verdict, count in sorted(tally.items())) or "no claim has a verdict yet"
     lines.insert(header, f"In all: {total}.\n")
     text = "\n".join(lines).rstrip() + "\n"

@@ -347,18 +347,11 @@ def test_a_row_interrupted_mid_tuning_keeps_its_finished_trials(tmp_path, monkey
     assert payload["claims"] == uninterrupted["claims"] and payload["tables"] == uninterrupted["tables"]
 
 
-def test_claims_page_adds_a_script_pages_computed_claims(tmp_path):
-    """A ``.json`` path (a script's page) adds its title, names and verdicts; a missing one is one line."""
-    claim = {"claim": "X leaks less than Y", "paper": "Table 2", "better": "y", "than": "x", "metric": "PSNR",
-             **paired_difference({0: 9.0, 1: 8.0, 2: 10.0}, {0: 4.0, 1: 5.0, 2: 4.0}).as_dict()}  # fmt: skip
-    record = tmp_path / "attack.json"
-    names = {"x": "Method X", "y": "Method Y"}
-    record.write_text(json.dumps({"title": "An attack", "names": names, "claims": [claim]}))
-    text = claims_page([str(record)], tmp_path / "claims.md")
-    assert "## [An attack](attack.md)" in text and "In all: 1 holds." in text
-    assert "| X leaks less than Y | Table 2 | Method Y vs Method X | PSNR | +4.67 [" in text
-    with pytest.raises(ConfigError, match=r"missing.json: no such page json; run the script that writes it first"):
-        claims_page([str(tmp_path / "missing.json")], tmp_path / "claims.md")
-    record.write_text(json.dumps({"title": "An attack"}))
-    with pytest.raises(ConfigError, match=r"attack.json: not a page json with title, names and claims"):
-        claims_page([str(record)], tmp_path / "claims.md")
+def test_claims_page_takes_grid_files_only(tmp_path):
+    """A page json given to --claims is one line naming its grid file instead (no page is a script's any more)."""
+    with pytest.raises(ConfigError) as error:
+        claims_page([str(tmp_path / "attack.json")], tmp_path / "claims.md")
+    assert str(error.value) == (
+        f"--claims {tmp_path / 'attack.json'}: give the page's grid file (configs/grids/*.yaml), not its json"
+    )
+    assert not (tmp_path / "claims.md").exists()
