@@ -84,15 +84,12 @@ EXTRA_TESTS = {
                                                       "tests/algorithms/test_fccl_plus.py"],
     "fedhet/algorithms/shared/generators.py": ["tests/algorithms/test_oracle_fedmdcg.py",
                                                "tests/algorithms/test_oracle_fedcg.py",
-                                               "tests/algorithms/test_fedmdcg_server_knobs.py",
-                                               "tests/algorithms/test_reuse.py"],
+                                               "tests/algorithms/test_fedmdcg_server_knobs.py"],
     "fedhet/algorithms/fccl.py": ["tests/algorithms/test_oracle_fccl_plus.py"],
     "fedhet/algorithms/fedmdcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py"],
-    # test_reuse.py: each client under a plain Trainer with a logger (its own training_step logs train/loss)
-    "fedhet/algorithms/fedcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py", "tests/algorithms/test_reuse.py"],
-    "fedhet/algorithms/fedvtc.py": ["tests/algorithms/test_reuse.py"],
+    "fedhet/algorithms/fedcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py"],
     "fedhet/algorithms/fedmrl.py": ["tests/algorithms/test_fedmrl_fedl2g.py"],
-    "fedhet/algorithms/fedl2g.py": ["tests/algorithms/test_fedmrl_fedl2g.py", "tests/algorithms/test_reuse.py"],
+    "fedhet/algorithms/fedl2g.py": ["tests/algorithms/test_fedmrl_fedl2g.py"],
     "fedhet/algorithms/fedbn.py": ["tests/algorithms/test_fedbn_ditto.py", "tests/algorithms/test_oracle_partial.py"],
     "fedhet/algorithms/ditto.py": ["tests/algorithms/test_fedbn_ditto.py", "tests/algorithms/test_oracle_partial.py"],
     "fedhet/algorithms/fedper.py": ["tests/algorithms/test_oracle_partial.py"],
@@ -527,6 +524,8 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.fedvtc.xǁFedVTCClientǁvtc_target: return pixels.mean(1, keepdim=True) if "
     "self.vtc.out_channels == 1 and pixels.shape[1] != 2 else pixels": "the mean over a single channel is that "
     "channel: one-channel pixels give the same target either way",
+    "fedhet.algorithms.fedvtc.xǁFedVTCClientǁ__init__: self.automatic_optimization = None": "Lightning reads "
+    "automatic_optimization for truth: None is manual optimisation, as False",
     "fedhet.algorithms.fedvtc.xǁFedVTCClientǁ__init__: self.latent = LatentPrior(None, latent_dim, "
     "self.hp.prior_sd, anchors)": "LatentPrior reads num_classes only without initial prototypes, and the client "
     "always passes its anchors (zeros by default)",

@@ -318,6 +318,36 @@ def test_alternating_step_updates_f_with_ce_plus_tc_and_psi_with_tc():
     assert len(vtc_optimizer.param_groups[0]["params"]) == len(list(module.vtc.parameters())) + 1
 
 
+def test_a_plain_trainer_with_a_logger_fits_the_client_and_logs_step_as_loss(tmp_path):
+    """Reuse: manual optimisation under a plain Trainer; train/loss (step and epoch) is step A's CE + L_tc."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import CSVLogger
+
+    from fedhet.federation.trainer import silence_lightning
+
+    silence_lightning()
+    torch.manual_seed(0)
+    algorithm = FedVTC(latent_channels=4, vtc_channels=(2, 2, 2), lr=0.1, dm_weight=0.1)
+    algorithm.configure(DataFormat(image_size=8, channels=1, mean=(0.0,), std=(1.0,), num_classes=2))
+    module = algorithm.build_client(create_model("cnn_tiny", num_classes=2, in_channels=1, seed=0), 2)
+    module.stage = "local"  # as built: manual optimisation is the client's own setting
+    with torch.no_grad():
+        module.latent.log_sigma.fill_(-12.0)  # sigma ~ 6e-6: the loss does not depend on the noise drawn
+    x, y = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 0, 1])
+    before = clone_state(module.state_dict())
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=CSVLogger(tmp_path), enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    trainer.fit(module, one_batch_loader(x, y))
+    logged = {key: float(value) for key, value in trainer.logged_metrics.items()}
+    module.load_state_dict(before)
+    module.train()
+    module._freeze(vtc=True)
+    z = module.model.forward_features(x)
+    loss = (F.cross_entropy(module.model.forward_head(z), y) + module.vtc_loss(x, y, z)).item()
+    assert logged == pytest.approx({"train/loss_step": loss, "train/loss_epoch": loss}, rel=1e-5)
+    assert set(trainer.progress_bar_metrics) == {"train/loss_step", "train/loss_epoch"}
+
+
 def test_dm_kept_out_of_the_extractor_step_trains_only_the_vtc():
     """``dm_trains_extractor=False``: f_k steps exactly as with lambda = 0 (L_e), psi_k still steps on L_dm."""
 
