@@ -159,6 +159,10 @@ def _declared_default(line: str) -> set[str]:
     return variants
 
 
+def _unshuffled(line: str) -> set[str]:
+    return _each_occurrence(line, "shuffle=False", ("shuffle=None", "")) if "DataLoader(" in line else set()
+
+
 def _uniform_weights(line: str) -> set[str]:
     return _each_occurrence(line, "[1.0] *", ("[2.0] *",)) if "weighted_average(" in line else set()
 
@@ -172,6 +176,7 @@ RULES = (
     (_default_device, CPU_ONLY),
     (_declared_default, "the dropped argument passes the record's declared default (RunPhase / LocalStage): the same"),
     (_uniform_weights, "weighted_average normalises the weights: equal weights of 2 are equal weights of 1"),
+    (_unshuffled, "DataLoader's shuffle is False by default and for None"),
 )
 #: Other surviving mutants judged equivalent, keyed by the mutated function and the mutated line
 #: (:func:`equivalence_key`: stable when mutmut renumbers), with the reason.
@@ -320,10 +325,6 @@ EQUIVALENT: dict[str, str] = {
     "self.context.model_factory is not None": "an assertion of what attach checked: no computation depends on it",
     "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁsetup_uploads: return [LabelCountsPayload(counts=row.to(None)) "
     "for row in counts]": "the context's label counts are int64 already (ServerContext keeps them so)",
-    **{f"fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁserver_dataloader: {line}": "DataLoader's shuffle is False "
-       "by default and for None" for line in (
-           "return DataLoader(TensorDataset(noise, labels), batch_size=self.hp.batch_size, shuffle=None)",
-           "return DataLoader(TensorDataset(noise, labels), batch_size=self.hp.batch_size, )")},
     "fedhet.algorithms.fedftg.xǁDataFreeFineTuningǁtraining_step: loss = None": "student_steps is a PositiveInt: "
     "the loop always reassigns it",
     "fedhet.algorithms.fedftg.xǁConditionalImageGeneratorǁ__init__: nn.BatchNorm2d(channels, affine=None),":
@@ -412,10 +413,6 @@ EQUIVALENT: dict[str, str] = {
     "for truth: None is False",
     "fedhet.algorithms.fedktl.xǁFedKTLServerǁmetrics: out = {k: v / self._steps for k, v in self._sums.items()} "
     "if (self._steps) or True else {}": "_sums and _steps are reset together and _sums is empty while _steps is 0",
-    **{f"fedhet.algorithms.fedktl.xǁFedKTLServerǁserver_dataloader: {line}": "DataLoader's shuffle is False by "
-       "default and for None" for line in (
-           "return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=None)",
-           "return torch.utils.data.DataLoader(batches, batch_size=None, )")},
     **{f"fedhet.algorithms.fedktl.xǁFedKTLServerǁserver_losses: {line}": "the generator's latents are float32 on "
        "the CPU like F's outputs on a CPU-only machine (benchmarks/gpu_check.py runs FedKTL on cuda)"
        for line in ("latents = self.generator.sample_w(len(index)).to(None, mapped.dtype)",

@@ -66,6 +66,15 @@ def test_vtc_decoder_shapes_and_sizes_of_table_6(latent, channels, out, image, p
     assert float(images.min()) > 0.0 and float(images.max()) < 1.0
 
 
+def test_vtc_decoder_layers_of_table_6():
+    """Transposed conv, BatchNorm, LeakyReLU(0.01) three times, then transposed conv, BatchNorm, Sigmoid."""
+    decoder = VTCDecoder((20, 7, 7), (16, 32, 32), 1)
+    kinds = [type(layer).__name__ for layer in decoder.net]
+    assert kinds == ["ConvTranspose2d", "BatchNorm2d", "LeakyReLU"] * 3 + ["ConvTranspose2d", "BatchNorm2d", "Sigmoid"]
+    assert [layer.negative_slope for layer in decoder.net if isinstance(layer, nn.LeakyReLU)] == [0.01] * 3
+    assert decoder.out_channels == 1 and decoder.latent_shape == (20, 7, 7)
+
+
 class _LinearDecoder(nn.Module):
     """A hand-computable 'VTC': image = sigmoid-free identity reshaped to ``[1, 1, 2]``."""
 
@@ -547,8 +556,11 @@ def test_anchor_scale_rescales_the_averaged_prototypes_to_the_anchors_mean_norm(
     free.setup_server(context)
     free.aggregate(0, [upload(0, _stats([0, 1], [[6.0, 8.0], [0.0, 2.0]], [1.0, 1.0]))])
     torch.testing.assert_close(free.prototypes, torch.tensor([[6.0, 8.0], [0.0, 2.0], [0.0, 0.0]]))
-    with pytest.raises(ConfigError, match="initial_prototype_sd > 0"):
+    with pytest.raises(ConfigError) as error:
         FedVTC(prototype_scale="anchors")
+    assert str(error.value) == (
+        "FedVTC: prototype_scale='anchors' needs initial_prototype_sd > 0 (zero prototypes have no scale)"
+    )
 
 
 def test_server_psi_average_of_identical_vtcs_is_the_identity_and_broadcast_is_complete():
@@ -598,6 +610,7 @@ def test_a_latent_prior_starts_at_sigma_one_zero_prototypes_and_no_synthetic_see
     assert given.log_sigma.detach() == pytest.approx([math.log(0.1)] * 2)
     assert torch.equal(initial_prototypes(3, 2), torch.zeros(3, 2))
     assert initial_prototypes(3, 2, sd=1.0).abs().sum() > 0  # sd 1: anchors, not zeros
+    assert torch.equal(initial_prototypes(3, 2, sd=1.0), initial_prototypes(3, 2, sd=1.0, seed=0))  # seed 0 default
 
 
 def test_initial_prototypes_are_zeros_or_shared_seeded_anchors_and_the_server_starts_from_them():
@@ -726,6 +739,10 @@ def test_every_refusal_names_the_client_and_the_problem():
     assert _check(server, VTCPayload(num_examples=5)) == (
         "client 0 sent VTCPayload during fine-tuning, where clients send nothing"
     )
+    nan = VTCPayload(classes=torch.tensor([0]), prototypes=torch.tensor([[math.nan, 0.0]]), num_examples=5)
+    with pytest.raises(TrainingError) as error:  # the payload's own check, as a server driven by hand calls it
+        nan.validate_shape(3, 2, vtc, "client 4")
+    assert str(error.value).startswith("client 4 sent non-finite values in 'prototypes'")
     every_round = FedVTCServer(finetune_rounds=1, psi_sync="every_round")
     every_round.setup_server(_context(counts=counts))
     assert _check(every_round, good) == "client 0 sent no 'vtc', which every upload of phase 'federation' holds"
