@@ -533,6 +533,17 @@ EQUIVALENT: dict[str, str] = {
            "a [C, 1, 1] tensor broadcasts over [B, C, H, W] exactly as [1, C, 1, 1]")
           for name in ("pixel_mean", "pixel_std")),
         ("self.last_terms: dict[str, float] = None", "read only after vtc_loss sets it (diagnostics and tests)"))},
+    **{f"fedhet.algorithms.fedbn.xǁFedBNServerǁsetup_server: assert context.model_factory is not None, {text}":
+       "an assertion of the loop's contract (every ServerContext the loop builds has a model factory); its "
+       "message is for a programming error"
+       for text in ('"XXFedBN\'s server needs the model factory to find BatchNorm layersXX"',
+                    '"fedbn\'s server needs the model factory to find batchnorm layers"',
+                    '"FEDBN\'S SERVER NEEDS THE MODEL FACTORY TO FIND BATCHNORM LAYERS"')},
+    **{f"fedhet.algorithms.lg_fedavg.xǁLGFedAvgServerǁ__init__: super().__init__(\"model.\" + HEAD_PREFIX, {args})":
+       "SubmoduleAveragingServer reads per_architecture and send_initial for truth: None is False"
+       for args in ("per_architecture=None, send_initial=False", "per_architecture=False, send_initial=None")},
+    "fedhet.algorithms.fedper.xǁFedPerClientǁon_receive: self.model.load_state_dict(download.weights, "
+    "strict=None)": "load_state_dict reads strict for truth: None is False",
     "fedhet.algorithms.fedvtc.xǁFedVTCǁbuild_vtc: with torch.random.fork_rng(devices=None):": "the VTC is drawn "
     "from the CPU generator; forking the CUDA generators as well (devices=None) restores them unchanged",
     **{f"fedhet.algorithms.fedvtc.xǁFedVTCǁbuild_vtc: {line}": "a seed salt: any fixed label derives an equally "
@@ -764,6 +775,14 @@ def score(entry: dict) -> float | None:
     return None if killed + survived == 0 else killed / (killed + survived)
 
 
+def defines_functions(source: str) -> bool:
+    """Whether ``source`` has a function or method body (a file of declarations gives mutmut nothing)."""
+    import ast
+
+    tree = ast.parse((ROOT / source).read_text())
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in ast.walk(tree))
+
+
 def run_file(source: str, base: Path, max_children: int, minutes: float | None = None,
              resume: bool = False) -> dict:  # fmt: skip
     """Run mutmut over ``source`` against its own tests; return counts, survivors and their diffs.
@@ -772,6 +791,10 @@ def run_file(source: str, base: Path, max_children: int, minutes: float | None =
     decided (``partial``); the workspace stays for ``resume``. A resumed file adds the seconds of
     its earlier chunks.
     """
+    if not defines_functions(source):  # mutmut mutates function bodies only, and exits 1 finding none
+        return judged({"tests": own_tests(source), "counts": {}, "seconds": 0.0, "survivors": {},
+                       "note": "no function: declarations only, nothing to mutate",
+                       "tool": f"mutmut {MUTMUT_VERSION}", "date": time.strftime("%Y-%m-%d")})  # fmt: skip
     kept = resumable(source, base) if resume else None
     repo = kept or workspace(source, base)
     earlier = float((repo.parent / "seconds").read_text()) if kept and (repo.parent / "seconds").exists() else 0.0

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerContext, ServerPhase
-from fedhet.algorithms.shared.common import HEAD_PREFIX, MODEL_PREFIX, SubmoduleAveragingServer
+from fedhet.algorithms.shared.common import HEAD_PREFIX, SubmoduleAveragingServer
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import clone_state
 
@@ -46,10 +46,7 @@ class FedPerClient(ClientModule):
 
 
 class FedPerServer(SubmoduleAveragingServer):
-    """Example-weighted average of the base layers within each architecture."""
-
-    def __init__(self) -> None:
-        super().__init__(MODEL_PREFIX, "samples", per_architecture=True, send_initial=True)
+    """Example-weighted average of the base layers (the whole-model defaults of :class:`SubmoduleAveragingServer`)."""
 
     def setup_server(self, context: ServerContext) -> None:
         super().setup_server(context)

@@ -44,7 +44,7 @@ class LGFedAvgServer(SubmoduleAveragingServer):
     """
 
     def __init__(self) -> None:
-        super().__init__("model." + HEAD_PREFIX, "samples", per_architecture=False, send_initial=False)
+        super().__init__("model." + HEAD_PREFIX, per_architecture=False, send_initial=False)
 
 
 class LGFedAvg(Algorithm):

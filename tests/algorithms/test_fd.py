@@ -78,3 +78,16 @@ def test_fd_paper_regulariser_gradient_stays_bounded_when_targets_explode():
         client.local_loss((x, y)).backward()
         norms[form] = float(client.model.head.weight.grad.abs().sum())
     assert norms["mse"] > 1e5 and norms["ce"] < 4.0
+
+
+def test_the_server_expects_logits_of_the_class_count_not_features():
+    """Three classes on a two-feature network: [3, 3] mean logits are accepted, [3, 2] feature-wide rows refused."""
+    from fedhet.errors import TrainingError
+
+    client = FD().build_client(TinyLinear(head=torch.ones(3, 2)), 3)
+    server = FD().build_server()
+    server.setup_server(context(num_classes=3, initial=client.state_dict()))
+    counts = torch.tensor([2, 1, 0])
+    server.check_upload(upload(0, ClassStatsPayload(values=torch.ones(3, 3), counts=counts, num_examples=3)))
+    with pytest.raises(TrainingError, match="client 0"):
+        server.check_upload(upload(0, ClassStatsPayload(values=torch.ones(3, 2), counts=counts, num_examples=3)))

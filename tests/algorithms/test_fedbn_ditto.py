@@ -51,6 +51,7 @@ def test_fedbn_server_averages_the_shared_weights_by_examples_by_hand():
     """Bodies 0 and 4 with 1 and 3 examples average to (0 * 1 + 4 * 3) / 4 = 3; BatchNorm is not on the server."""
     client = FedBN().build_client(TinyBN(), 2)
     server = FedBN().build_server()
+    requested = []
     server.setup_server(
         ServerContext(
             num_clients=2,
@@ -58,9 +59,10 @@ def test_fedbn_server_averages_the_shared_weights_by_examples_by_hand():
             architectures=("x", "x"),
             seed=0,
             initial_client_state=lambda cid: client.state_dict(),
-            model_factory=lambda architecture, seed: TinyBN(),
+            model_factory=lambda architecture, seed: requested.append((architecture, seed)) or TinyBN(),
         )
     )
+    assert requested == [("x", 0)]  # the architecture's own network tells which keys are BatchNorm
     assert set(server.download_for(0).weights) == {"body.weight", "head.weight"}
     bodies = (torch.zeros(2, 2), torch.full((2, 2), 4.0))
     uploads = [

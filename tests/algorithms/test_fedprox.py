@@ -80,3 +80,25 @@ def test_a_client_without_a_download_drops_the_previous_clients_anchor():
     client = _moved_client(mu=0.5)
     client.on_receive(None)
     assert client.local_loss((X, Y)).item() == pytest.approx(0.126928, abs=1e-6)
+
+
+def test_no_download_means_no_proximal_anchor_before_or_after_a_receive():
+    """Built, or after a round with nothing received, the loss is plain CE even once the weights moved."""
+    import torch.nn.functional as F
+
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([1, 0])
+    client = FedProxClient(TinyLinear(), 3, mu=10.0)
+    assert client.num_classes == 3
+    client.on_fit_start()  # a fit before any receive (a plain Trainer) starts without an anchor
+    for receives_nothing in (False, True):  # as built, then after a round that received nothing
+        if receives_nothing:
+            client.on_receive(None)
+        with torch.no_grad():
+            client.model.body.weight.add_(0.5)  # moved away from where it was when (not) received
+        plain = F.cross_entropy(client.model(x), y)
+        assert client.local_loss((x, y)).item() == pytest.approx(plain.item())
+    client.on_receive(WeightsPayload(weights={k: v.clone() for k, v in client.model.state_dict().items()}))
+    with torch.no_grad():
+        client.model.body.weight.add_(1.0)  # ||w - w_t||^2 = 4 entries x 1
+    plain = F.cross_entropy(client.model(x), y)
+    assert client.local_loss((x, y)).item() == pytest.approx(plain.item() + 10.0 / 2 * 4.0)
