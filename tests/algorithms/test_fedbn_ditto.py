@@ -114,3 +114,21 @@ def test_ditto_client_alone_has_its_methods_defaults():
     alone = type(Ditto().build_client(TinyLinear(), 2))(TinyLinear(), 2)
     assert dataclasses.asdict(alone.hp) == dataclasses.asdict(Ditto().hp)
     assert alone.hp.lam == 0.1
+
+
+def test_ditto_without_a_download_has_no_anchor_and_keeps_its_arguments():
+    """Built (lam and num_classes kept), or after a round that received nothing: the personal loss is plain CE."""
+    import torch.nn.functional as F
+
+    from fedhet.algorithms.ditto import PERSONAL
+
+    client = Ditto().build_client(TinyLinear(), 3)
+    client = type(client)(TinyLinear(), 3, lam=2.0)
+    assert client.num_classes == 3 and client.hp.lam == 2.0
+    client.on_fit_start()  # a fit before any receive (a plain Trainer) starts without an anchor
+    client.stage = PERSONAL
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([1, 0])
+    client.on_receive(None)
+    with torch.no_grad():
+        client.personal.body.weight.add_(0.5)
+    assert client.local_loss((x, y)).item() == pytest.approx(F.cross_entropy(client.personal(x), y).item())
