@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -514,7 +513,9 @@ class Experiment:
 
     def default_run_path(self) -> Path:
         """``runs/<method>-<time>-s<seed>`` (made unique when claimed)."""
-        return Path(f"runs/{type(self.method).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}-s{self.config.seed}")
+        from fedhet.tracking.rundir import default_run_path
+
+        return default_run_path(type(self.method).__name__.lower(), self.config.seed)
 
     def build_loop(self, state_store: ClientStateStore, config_yaml: str | None = None) -> FederationLoop:
         """The round loop; it checks the method/scenario/family combination as it is built.

@@ -87,15 +87,14 @@ def run_attack(args: Sequence[str]) -> dict[str, Any]:
     """Run ``fedhet attack args`` and write its run directory; returns the summary (with ``run_dir``)."""
     import yaml
 
-    from fedhet.tracking.rundir import RunDirectory, run_environment
+    from fedhet.tracking.rundir import RunDirectory, default_run_path, run_environment
 
     settings, seed, run_dir = parse_attack(args)
-    if run_dir is not None:
+    explicit = run_dir is not None
+    if explicit:
         RunDirectory(run_dir).check_available()  # before any work, as fedhet fit
-        directory = RunDirectory.claim(run_dir)
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        directory = RunDirectory.claim(Path("runs") / f"attack-{settings.target}-{stamp}-s{seed}", unique=True)
+    path = run_dir if explicit else default_run_path(f"attack-{settings.target}", seed)
+    directory = RunDirectory.claim(path, unique=not explicit)
     try:
         resolved = {"command": "attack", **settings.as_dict(), "seed": seed, "run_dir": str(directory.path)}
         directory.create(yaml.safe_dump(resolved, sort_keys=False))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -311,6 +312,11 @@ class RunDirectory:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def default_run_path(name: str, seed: int) -> Path:
+    """``runs/<name>-<time>-s<seed>``: where a run given no ``--run_dir`` goes (made unique when claimed)."""
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-s{seed}"
 
 
 def run_environment() -> dict[str, Any]:
