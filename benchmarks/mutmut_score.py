@@ -84,7 +84,9 @@ EXTRA_TESTS = {
                                                       "tests/algorithms/test_fccl_plus.py"],
     "fedhet/algorithms/shared/generators.py": ["tests/algorithms/test_oracle_fedmdcg.py",
                                                "tests/algorithms/test_oracle_fedcg.py",
-                                               "tests/algorithms/test_fedmdcg_server_knobs.py"],
+                                               "tests/algorithms/test_fedmdcg_server_knobs.py",
+                                               "tests/algorithms/test_fedmdcg.py", "tests/algorithms/test_fedcg.py",
+                                               "tests/algorithms/test_generator_classifier.py"],
     "fedhet/algorithms/fccl.py": ["tests/algorithms/test_oracle_fccl_plus.py"],
     "fedhet/algorithms/fedmdcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py"],
     "fedhet/algorithms/fedcg.py": ["tests/algorithms/test_fedmdcg_server_knobs.py"],
@@ -170,6 +172,7 @@ def _uniform_weights(line: str) -> set[str]:
 CPU_ONLY = ("on a CPU-only machine the default device is the input's: equivalent here; a GPU run tells them apart "
             "(benchmarks/gpu_check.py runs every method on one)")
 STRICT_IDLE = "the lengths were checked just above: zip's strict is idle"
+GENERATORS = "fedhet.algorithms.shared.generators.xǁ"
 RULES = (
     (_implicit_dim, "a softmax or L2 normalisation of a 2-D input without a dim uses dim 1 (torch's implicit dim "
                     "for 2-D; F.normalize's default): the same op"),
@@ -477,10 +480,6 @@ EQUIVALENT: dict[str, str] = {
     **{f"fedhet.algorithms.shared.common.xǁParameterBuffersǁas_dict: return dict(zip(self.names, self.tensors(), "
        f"{arguments}))": "names and tensors come from the same named_parameters() list: always the same length"
        for arguments in ("strict=None", "", "strict=False")},
-    **{f"fedhet.algorithms.shared.common.xǁFedAvgServerǁ__init__: super().__init__({arguments})": "the dropped "
-       "argument equals SubmoduleAveragingServer's default for it" for arguments in (
-           "MODEL_PREFIX, per_architecture=True, send_initial=True", "MODEL_PREFIX, \"samples\", send_initial=True",
-           "MODEL_PREFIX, \"samples\", per_architecture=True, ")},
     **{f"fedhet.algorithms.shared.common.xǁSeparatelyClippedClientǁconfigure_gradient_clipping: "
        f"self.clip_gradients({arguments})": "Lightning calls this hook with the trainer's gradient_clip_val and "
        "gradient_clip_algorithm, and clip_gradients takes the trainer's value for a None: the same clip"
@@ -569,6 +568,210 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.shared.common.xǁClassMeanServerǁaggregate: if self.dim is None or self.global_means is None:":
     "every upload passed check_upload against the declared width (or the last means' width) before aggregate, so "
     "the extra agreement check finds every upload of one width and passes",
+    # survivors of ccvr.py, fedproc.py, fedmrl.py and fedmatch.py read on 2026-11-29 (the rest were gaps, now tested)
+    **{f"fedhet.algorithms.{where}ǁ__init__: {line}": "a placeholder that setup_server() replaces (the loop sets a "
+       "server up before anything else)"
+       for where, line in (
+           ("ccvr.xǁCCVRServer", "self.num_classes = None"), ("ccvr.xǁCCVRServer", "self.num_classes = 1"),
+           ("ccvr.xǁCCVRServer", "self.dim = None  # the feature width p: every head's input width (CCVR needs one "
+            "feature dimension)"),
+           ("ccvr.xǁCCVRServer", "self.dim = 1  # the feature width p: every head's input width (CCVR needs one "
+            "feature dimension)"),
+           ("ccvr.xǁCCVRServer", 'self.held: Tensor | None = ""  # [clients, classes] examples each client holds, '
+            "when the context knows"),
+           ("fedproc.xǁFedProcServer", "self.num_classes = None"), ("fedproc.xǁFedProcServer", "self.num_classes = 1"),
+           ("fedproc.xǁFedProcServer", 'self.held: Tensor | None = ""  # [clients, classes] examples each client '
+            "holds, when the context knows"),
+       )},
+    "fedhet.algorithms.fedproc.xǁFedProcServerǁ__init__: self.present: Tensor | None = \"\"": "read only after "
+    "global_prototypes, which aggregate and load_server_state set together with it (download_for tests "
+    "global_prototypes first)",
+    "fedhet.algorithms.fedproc.xǁFedProcServerǁdownload_for: if self.global_prototypes is None and self.present is "
+    "None:": "global_prototypes and present are set together (aggregate, load_server_state): both None or neither",
+    "fedhet.algorithms.fedproc.xǁFedProcServerǁaggregate: super().aggregate(None, uploads)  # averages the weights":
+    "SubmoduleAveragingServer.aggregate does not read round_idx",
+    **{f"fedhet.algorithms.fedmrl.xǁFedMRLServerǁ__init__: super().__init__(\"small.\", {args})":
+       "SubmoduleAveragingServer reads per_architecture and send_initial for truth (None is False) and declares "
+       "send_initial=True"
+       for args in ("self.hp.small_weighting, per_architecture=None, send_initial=True",
+                    "self.hp.small_weighting, per_architecture=False, ")},
+    **{f"fedhet.algorithms.fedmrl.xǁFedMRLǁbuild_client: self.hp.small_model, num_classes, self.image_channels(), "
+       f"self.hp.shared_init_seed, {salt}": "a seed salt: any fixed label derives an equally valid stream (that "
+       "shared_init_seed reaches it is tested)"
+       for salt in ('"XXfedmrl-smallXX",', '"FEDMRL-SMALL",', "None,", "")},
+    **{f"fedhet.algorithms.fedmatch.xǁCutoutǁ__call__: {line}": "torch.randint(high, size) draws from [0, high) "
+       "like randint(0, high, size), from the same generator"
+       for line in ("centre_y = torch.randint(height, (batch,), generator=generator).to(images.device)",
+                    "centre_x = torch.randint(width, (batch,), generator=generator).to(images.device)")},
+    **{f"fedhet.algorithms.fedmatch.xǁCutoutǁ__call__: {line}": "the offsets are integers: |d| <= s // 2 holds "
+       "exactly when |d| <= s / 2"
+       for line in ("inside_y = (rows - centre_y[:, None]).abs() <= self.size / 2  # [B, H]",
+                    "inside_x = (cols - centre_x[:, None]).abs() <= self.size / 2  # [B, W]")},
+    "fedhet.algorithms.fedmatch.xǁFedMatchPhaseǁstrong_view: generator = torch.Generator().manual_seed(int("
+    "torch.randint(2**62, (1,)).item()))": "torch.randint(high, size) draws from [0, high) like randint(0, high, "
+    "size), from the same (global) generator",
+    "fedhet.algorithms.fedkd.xǁFedKDClientǁ__init__: self.hidden_map = nn.Linear(int(student.num_features), "
+    "int(model.num_features), bias=None)  # type: ignore[arg-type]": "nn.Linear reads bias for truth: None is False",
+    "fedhet.algorithms.fedkd.xǁFedKDClientǁ__init__: self.student_at_start: dict[str, Tensor] = None": "read only "
+    "through make_upload's `or`, where None and {} are both false (on_receive sets it before any training)",
+    "fedhet.algorithms.fedkd.xǁFedKDServerǁ__init__: self.global_student: dict[str, Tensor] = None": "a placeholder "
+    "that setup_server() replaces (the loop sets a server up before anything else)",
+    "fedhet.algorithms.fedkd.xǁFedKDServerǁaggregate: weights = [u.payload.num_examples if "
+    "self.hp.student_weighting == \"samples\" else 2 for u in uploads]": "weighted_average normalises the weights: "
+    "equal weights of 2 are equal weights of 1",
+    "fedhet.algorithms.fedkd.xǁFedKDServerǁaggregate: k: (v + mean[k].to(None)) if v.is_floating_point() else "
+    "mean[k]": "weighted_average returns each entry in the first upload's dtype, which check_upload pinned to the "
+    "global student's: the cast is idle",
+    "fedhet.algorithms.fedkd.xǁSVDStatePayloadǁvalidate_against: rank = factors[\"s\"].shape[0] if "
+    "isinstance(factors[\"s\"], Tensor) and factors[\"s\"].dim() == 1 else -2": "any rank below 1 fails the next "
+    "line's check, with the same message",
+    **{f"fedhet.algorithms.fedkd.xǁFedKDǁbuild_client: self.hp.student_model, num_classes, self.image_channels(), "
+       f"self.hp.shared_init_seed, {salt}": "a seed salt: any fixed label derives an equally valid stream (that "
+       "shared_init_seed reaches it is tested)"
+       for salt in ('"XXfedkd-studentXX"', '"FEDKD-STUDENT"', "None")},
+    "fedhet.algorithms.fedcg.xǁFedCGClientǁtraining_step: return super().training_step(batch, None)":
+    "GeneratorClassifierClient.training_step does not read batch_idx",
+    "fedhet.algorithms.fedcg.xǁLatentDiscriminatorǁforward: features = torch.cat([features, F.one_hot(labels, "
+    "self.num_classes).to(None)], dim=1)": "torch.cat promotes the one-hot's int64 to the features' floating dtype: "
+    "the same values",
+    **{f"fedhet.algorithms.fedl2g.xǁFedL2GClientǁ__init__: {line}": "on_train_start resets it at the start of "
+       "every meta stage, the only stage that reads it" for line in ("self._study: list[Batch] = None",
+                                                                      "self._quiz: list[Batch] = None")},
+    **{f"fedhet.algorithms.fedl2g.xǁFedL2GClientǁlearn_to_guide: {line}": CPU_ONLY
+       for line in ("device = None", "device = study[0][1].device",
+                    "guide = self.guide.to(None).detach().clone().requires_grad_(True)",
+                    "values = (guide_grad.detach() * rows.to(None).unsqueeze(1)).float().cpu()")},
+    **{f"fedhet.algorithms.fedl2g.xǁFedL2GClientǁlearn_to_guide: for n, g in zip(names, grads{tail}": "grads "
+       "has one entry per name (torch.autograd.grad over [params[n] for n in names]): zip's strict is idle"
+       for tail in (", strict=None)", ", )", ", strict=False)")},
+    "fedhet.algorithms.fedl2g.xǁFedL2GClientǁtraining_step: return super().training_step(batch, None)":
+    "ClientModule.training_step does not read batch_idx",
+    **{f"fedhet.algorithms.fedl2g.xǁFedL2GServerǁ__init__: {line}": "a placeholder that setup_server() replaces "
+       "(the loop sets a server up before anything else)"
+       for line in ("self.num_classes = None", "self.num_classes = 1", "self.dim = None", "self.dim = 1",
+                    'self.label_counts: Tensor | None = ""', "self.guide = None", "self.guide = torch.zeros(0)",
+                    "self.guide = torch.zeros(0, )", "self.guide = torch.zeros(1, 0)", "self.guide = torch.zeros(0, 1)",
+                    "self.present = None", "self.present = torch.zeros(0, dtype=None)",
+                    "self.present = torch.zeros(0, )", "self.present = torch.zeros(1, dtype=torch.bool)")},
+    "fedhet.algorithms.fedl2g.xǁFedL2GServerǁsetup_server: super().setup_server(None)": "ServerPhase.setup_server "
+    "only keeps the context, which this server never reads",
+    **{f"fedhet.algorithms.fedl2g.xǁFedL2GServerǁsetup_server: with seeded(derive_seed({args})):": "a seed salt: "
+       "any fixed label derives an equally valid stream (that the run seed reaches it is tested)"
+       for args in ('context.seed, None, self.level', "context.seed, self.level", 'context.seed, "fedl2g-guide", None',
+                    'context.seed, "fedl2g-guide", ', 'context.seed, "XXfedl2g-guideXX", self.level',
+                    'context.seed, "FEDL2G-GUIDE", self.level')},
+    **{f"fedhet.algorithms.fedl2g.xǁFedL2GServerǁsetup_server: {line}": "no class guided yet: float zeros sum to "
+       "the same 0 as boolean ones, and the first aggregate replaces them with guidance_update's mask"
+       for line in ("self.present = torch.zeros(self.num_classes, dtype=None)",
+                    "self.present = torch.zeros(self.num_classes, )")},
+    "fedhet.algorithms.fedgen.xǁFeatureGeneratorǁforward: inputs = torch.cat([noise, F.one_hot(labels, "
+    "self.num_classes).to(None)], dim=1)": "torch.cat promotes the one-hot's int64 to the noise's floating dtype: "
+    "the same values",
+    **{f"fedhet.algorithms.fedgen.xǁFedGenServerǁ__init__: {line}": "a placeholder that setup_server() or the "
+       "round's aggregate() replaces before anything reads it (the loop sets a server up first; a fit follows an "
+       "aggregate); float('NAN') is the same NaN"
+       for line in ("self.num_classes = None", "self.num_classes = 1",
+                    'self.held: Tensor | None = ""  # [clients, classes] examples each client holds, when the context '
+                    "knows", "self.round_heads: list[dict[str, Tensor]] = None",
+                    'self.round_ensemble_weights: Tensor | None = ""  # [K, C]', "self.steps_done = None",
+                    "self.steps_done = 1", 'self.first_loss = float("NAN")', 'self.last_loss = float("NAN")')},
+    **{f"fedhet.algorithms.fedgen.xǁFedGenServerǁaggregate: {line}": "example counts are integers below 2**24: "
+       "they sum exactly in float32, and a float64 quotient rounded to float32 equals the float32 quotient (53 >= "
+       "2 x 24 + 2 bits: double rounding is innocuous for division); weighted_average reads the same integers"
+       for line in ("examples = torch.tensor([float(u.payload.num_examples) for u in uploads], dtype=None)",
+                    "examples = torch.tensor([float(u.payload.num_examples) for u in uploads], )")},
+    **{f"fedhet.algorithms.fedgen.xǁFedGenServerǁaggregate: {line}": "[C] broadcasts over [K, C] as [1, C] does"
+       for line in ("weights = counts / counts.sum(0, ).clamp_min(1.0)",
+                    "weights = counts / counts.sum(0, keepdim=False).clamp_min(1.0)")},
+    "fedhet.algorithms.fedgen.xǁFedGenServerǁensemble_logits: logits = torch.zeros(self.num_classes, "
+    "device=features.device)": "a [C] start broadcasts against the first head's [B, C] logits to the same [B, C] "
+    "sum (a round has at least one upload)",
+    **{f"fedhet.algorithms.fedgen.xǁFedGenServerǁsetup_server: with seeded(derive_seed({args})):": "a seed salt: "
+       "any fixed label derives an equally valid stream (that the run seed reaches it is tested)"
+       for args in ('context.seed, None, "generator"', 'context.seed, "generator"', 'context.seed, "fedgen", None',
+                    'context.seed, "fedgen", ', 'context.seed, "XXfedgenXX", "generator"',
+                    'context.seed, "FEDGEN", "generator"', 'context.seed, "fedgen", "GENERATOR"',
+                    'context.seed, "fedgen", "XXgeneratorXX"')},
+    **{f"fedhet.algorithms.fedgen.xǁFedGenServerǁsetup_server: {line}": "a round counter read only through int() "
+       "and incremented by 1: float zeros count the same"
+       for line in ('self.register_buffer("rounds_trained", torch.zeros((), dtype=None))',
+                    'self.register_buffer("rounds_trained", torch.zeros((), ))')},
+    **{f"fedhet.algorithms.rhfl.xǁClientConfidenceServerǁ__init__: {line}": "a placeholder that setup_server() or "
+       "load_server_state() replaces before anything reads it"
+       for line in ("self.previous_loss = torch.zeros(1)", "self.previous_loss = None",
+                    "self.confidence = torch.zeros(1)", "self.confidence = None")},
+    "fedhet.algorithms.rhfl.xǁRHFLPhaseǁpeer_confidences: weights = [getattr(self.clients[index], \"confidence\", ) "
+    "for index in self.exchanging]": "every participant of RHFL's phase is an RHFLClient, whose constructor sets "
+    "confidence: the default is never used",
+    **{f"fedhet.algorithms.scaffold.xǁScaffoldServerǁ__init__: {line}": "SubmoduleAveragingServer weighs by "
+       "examples only for 'samples': any other value averages uniformly, as 'uniform' does"
+       for line in ('self.weighting = "XXuniformXX"', 'self.weighting = "UNIFORM"', "self.weighting = None")},
+    **{f"fedhet.algorithms.scaffold.xǁScaffoldServerǁ__init__: {line}": "a placeholder that setup_server() "
+       "replaces (an empty or missing c alike: `if not self.control_by_architecture`)"
+       for line in ("self.control_by_architecture: dict[str, dict[str, Tensor]] = None",
+                    "self.clients_by_architecture: dict[str, int] = None")},
+    "fedhet.algorithms.scaffold.xǁScaffoldServerǁaggregate: super().aggregate(None, uploads)  # global <- uniform "
+    "mean (buffers)": "SubmoduleAveragingServer.aggregate does not read round_idx",
+    "fedhet.algorithms.scaffold.xǁScaffoldClientǁ_reset_round: self.correction: list[Tensor] = None  # c - c_i, "
+    "fixed during the local update": "read only for truth (on_before_optimizer_step) until on_fit_start sets it: "
+    "None and [] are both false",
+    **{f"fedhet.algorithms.scaffold.xǁScaffoldClientǁon_fit_start: c - c_i for c, c_i in zip(self.server_control, "
+       f"self.control_variate.tensors(){tail}": "both lists hold one tensor per model parameter: zip's strict is idle"
+       for tail in (", )", ", strict=False)", ", strict=None)")},
+    **{f"fedhet.algorithms.feddf_server.xǁEnsembleDistillationǁ__init__: {line}": "begin_round() sets it before "
+       "the round's refinement reads it; before any round should_refine() reads the teachers for truth (None is "
+       "false) and metrics() reads the sum only when loss_steps is truthy"
+       for line in ("self.teachers: list[tuple[str, dict[str, Tensor]]] = None",
+                    "self.client_bn_stats: dict[str, list[dict[str, Tensor]]] = None", "self.loss_sum = None",
+                    "self.loss_steps = None")},
+    f"{GENERATORS}ConditionalFeatureGeneratorǁforward: inputs = torch.cat([noise, F.one_hot(labels, "
+    "self.num_classes).to(None)], dim=1)": "torch.cat promotes the one-hot's int64 to the noise's floating dtype: "
+    "the same values",
+    **{f"{GENERATORS}{where}: {line}": CPU_ONLY for where, line in (
+        ("ConditionalFeatureGeneratorǁforward", "noise = self.sample_noise(labels.shape[0], None)"),
+        ("ConditionalFeatureGeneratorǁsample_noise", "return torch.randn(count, self.noise_dim, device=None)"),
+        ("ConditionalFeatureGeneratorǁsample_noise", "return torch.randn(count, self.noise_dim, )"),
+        ("ConditionalFeatureGeneratorǁsample_noise", "return torch.rand(count, self.noise_dim, device=None)"),
+        ("ConditionalFeatureGeneratorǁsample_noise", "return torch.rand(count, self.noise_dim, )"),
+        ("GeneratorClassifierServerǁdistillation_loss", "noise = self.generator.sample_noise(labels.shape[0], None)"),
+        ("GeneratorClassifierServerǁdistillation_loss",
+         "noise if self.hp.share_server_noise else local_generator.sample_noise(labels.shape[0], None)"),
+    )},
+    **{f"{GENERATORS}{where}: self.has_global = None": "has_global is read only for truth: None is False"
+       for where in ("GeneratorClassifierClientǁ__init__", "GeneratorClassifierClientǁon_receive")},
+    **{f"{GENERATORS}{where}": "the label distribution is read only once has_global is true, which on_receive sets "
+       "with it from a download" for where in (
+           'GeneratorClassifierClientǁ__init__: self.label_distribution: Tensor | None = ""',
+           'GeneratorClassifierClientǁon_receive: self.label_distribution = ""')},
+    f"{GENERATORS}GeneratorClassifierMethodǁbuild_client: return self.client_type(model, num_classes, "
+    "self.make_generator(None, num_classes), self.hp)  # type: ignore[call-arg]": "make_generator falls back to "
+    "self.feature_dim, which build_client sets from the same model just before",
+    **{f"{GENERATORS}GeneratorClassifierMethodǁmake_generator: with seeded(derive_seed({args})):": "one fixed seed for "
+       "every party's G_i and the server's G (and the server loads client 0's generator over its own): any fixed "
+       "derivation gives an equally valid common initialisation"
+       for args in ('None, "fedmdcg", "generator"', '0, "fedmdcg", None', '"fedmdcg", "generator"', '0, "generator"',
+                    '0, "fedmdcg", ', '1, "fedmdcg", "generator"', '0, "XXfedmdcgXX", "generator"',
+                    '0, "FEDMDCG", "generator"', '0, "fedmdcg", "GENERATOR"', '0, "fedmdcg", "XXgeneratorXX"')},
+    **{f"{GENERATORS}GeneratorClassifierServerǁ__init__: {line}": "a placeholder that setup_server() or the round's "
+       "aggregate() replaces before anything reads it; should_refine() reads the teachers for truth and "
+       "metrics() the losses only once a step ran (float('NAN') is the same NaN)"
+       for line in ("self.num_classes = None", "self.num_classes = 1",
+                    'self.held: Tensor | None = ""  # [clients, classes] examples each client holds, when the '
+                    "context knows", "self.teachers: list[tuple[nn.Module, nn.Module]] = None",
+                    'self.round_tau: Tensor | None = ""', 'self.round_sample_weights: Tensor | None = ""',
+                    "self.first_loss = None", 'self.first_loss = float("NAN")', "self.last_loss = None",
+                    'self.last_loss = float("NAN")', "self.steps_done = None")},
+    **{f"{GENERATORS}GeneratorClassifierServerǁaggregate: {line}": "a list of Python floats becomes float32, torch's "
+       "default dtype" for line in ("total = torch.tensor(examples, dtype=None)", "total = torch.tensor(examples, )")},
+    **{f"{GENERATORS}GeneratorClassifierServerǁsetup_server: {line}": "a round counter read only through int() and "
+       "incremented by 1: float zeros count the same"
+       for line in ('self.register_buffer("rounds_aggregated", torch.zeros((), dtype=None))',
+                    'self.register_buffer("rounds_aggregated", torch.zeros((), ))')},
+    **{f"fedhet.algorithms.fedmatch.xǁFedMatchPhaseǁdistillation_losses: {line}": "one logit tensor per exchanging "
+       "client (public_logits builds both lists from self.exchanging): zip's strict is idle"
+       for line in ("for i, (client, z) in enumerate(zip(exchanging, logits, strict=None)):",
+                    "for i, (client, z) in enumerate(zip(exchanging, logits, )):",
+                    "for i, (client, z) in enumerate(zip(exchanging, logits, strict=False)):")},
 }
 
 

@@ -84,8 +84,10 @@ class GaussianStatsPayload(Payload):
         return held_class_nbytes(self.counts, self.means, self.covariances)
 
     def validate_shape(self, num_classes: int, dim: int, sender: str, held: Tensor | None = None) -> None:
-        """Finite values, float32 means and covariances of the declared shapes, int64 counts within ``held``."""
-        self.validate(sender)
+        """Float32 means and covariances of the declared shapes, int64 counts within ``held``.
+
+        The values were found finite by :meth:`ClientUpload.expect`, which the server calls first.
+        """
         check_tensor(sender, "means", self.means, (num_classes, dim), torch.float32)
         check_tensor(sender, "covariances", self.covariances, (num_classes, dim, dim), torch.float32)
         check_counts(sender, "counts", self.counts, num_classes, held)
@@ -126,12 +128,10 @@ class CCVRClient(ClientModule):
 
     def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
         super().__init__(model, num_classes, hp, **overrides)
-        self.global_means: Tensor | None = None
-        self.global_covariances: Tensor | None = None
-        self.global_present: Tensor | None = None
+        self.global_stats: GaussianStatsPayload | None = None  # the server's pooled Gaussians, once it has any
 
     def local_stages(self) -> Sequence[LocalStage]:
-        if self.global_means is None or self.hp.calibration_epochs == 0:
+        if self.global_stats is None or self.hp.calibration_epochs == 0:
             return (LocalStage(),)
         return (LocalStage(), LocalStage(CALIBRATE, epochs=self.hp.calibration_epochs))
 
@@ -149,14 +149,15 @@ class CCVRClient(ClientModule):
     @torch.no_grad()
     def virtual_features(self, seed: int) -> tuple[Tensor, Tensor]:
         """``virtual_per_class`` draws from ``N(mu_c, Sigma_c + jitter I)`` for every class with statistics."""
-        assert self.global_means is not None and self.global_covariances is not None and self.global_present is not None
+        stats = self.global_stats
+        assert stats is not None, "local_stages() calibrates only after a download"
         generator = torch.Generator().manual_seed(seed)
         features, labels = [], []
-        dim = self.global_means.shape[1]
-        for c in torch.nonzero(self.global_present).flatten().tolist():
-            factor = sampling_factor(self.global_covariances[c].double(), self.hp.jitter)
+        dim = stats.means.shape[1]
+        for c in torch.nonzero(stats.counts).flatten().tolist():  # the classes with statistics
+            factor = sampling_factor(stats.covariances[c].double(), self.hp.jitter)
             noise = torch.randn(self.hp.virtual_per_class, dim, generator=generator, dtype=torch.float64)
-            features.append((self.global_means[c].double() + noise @ factor.T).float())
+            features.append((stats.means[c].double() + noise @ factor.T).float())
             labels.append(torch.full((self.hp.virtual_per_class,), c, dtype=torch.long))
         return torch.cat(features), torch.cat(labels)
 
@@ -169,12 +170,7 @@ class CCVRClient(ClientModule):
         return DataLoader(TensorDataset(features, labels), batch_size=batch_size, shuffle=True, generator=generator)
 
     def on_receive(self, download: Payload | None) -> None:
-        if isinstance(download, GaussianStatsPayload):
-            self.global_means = download.means
-            self.global_covariances = download.covariances
-            self.global_present = download.counts > 0
-        else:
-            self.global_means = self.global_covariances = self.global_present = None
+        self.global_stats = download if isinstance(download, GaussianStatsPayload) else None
 
     def make_upload(self, train_batches: Iterable[Batch]) -> GaussianStatsPayload:
         features, labels = [], []
@@ -192,9 +188,7 @@ class CCVRServer(ServerPhase):
         self.num_classes = 0
         self.dim = 0  # the feature width p: every head's input width (CCVR needs one feature dimension)
         self.held: Tensor | None = None  # [clients, classes] examples each client holds, when the context knows
-        self.means: Tensor | None = None
-        self.covariances: Tensor | None = None
-        self.counts: Tensor | None = None
+        self.pooled: GaussianStatsPayload | None = None  # every class's Gaussian so far, once a round had uploads
 
     def setup_server(self, context: ServerContext) -> None:
         self.num_classes = context.num_classes
@@ -213,35 +207,31 @@ class CCVRServer(ServerPhase):
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        dim = self.dim
-        if self.means is None:
-            self.means = torch.zeros(self.num_classes, dim)
-            self.covariances = torch.zeros(self.num_classes, dim, dim)
-            self.counts = torch.zeros(self.num_classes, dtype=torch.long)
+        if self.pooled is None:
+            classes, dim = self.num_classes, self.dim
+            self.pooled = GaussianStatsPayload(
+                means=torch.zeros(classes, dim),
+                covariances=torch.zeros(classes, dim, dim),
+                counts=torch.zeros(classes, dtype=torch.long),
+            )
+        pooled = self.pooled
         means = torch.stack([u.payload.means.double() for u in uploads])  # type: ignore[attr-defined]
         covariances = torch.stack([u.payload.covariances.double() for u in uploads])  # type: ignore[attr-defined]
         counts = torch.stack([u.payload.counts for u in uploads])  # type: ignore[attr-defined]
-        assert self.covariances is not None and self.counts is not None
         for c in range(self.num_classes):
             if int(counts[:, c].sum()) == 0:
                 continue
             mu, sigma, total = pool_class_gaussians(means[:, c], covariances[:, c], counts[:, c])
-            self.means[c], self.covariances[c], self.counts[c] = mu.float(), sigma.float(), int(total)
+            pooled.means[c], pooled.covariances[c], pooled.counts[c] = mu.float(), sigma.float(), int(total)
 
     def download_for(self, client_id: int) -> GaussianStatsPayload | None:
-        if self.means is None:
-            return None
-        return GaussianStatsPayload(means=self.means, covariances=self.covariances, counts=self.counts)
+        return self.pooled
 
     def server_state(self) -> dict[str, Any]:
-        if self.means is None:
-            return {}
-        return {"means": self.means, "covariances": self.covariances, "counts": self.counts}
+        return {} if self.pooled is None else dict(self.pooled.tensors())
 
     def load_server_state(self, state: Mapping[str, Any]) -> None:
-        self.means = state.get("means")
-        self.covariances = state.get("covariances")
-        self.counts = state.get("counts")
+        self.pooled = GaussianStatsPayload(**state) if state else None
 
 
 class CCVR(Algorithm):

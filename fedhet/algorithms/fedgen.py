@@ -130,7 +130,7 @@ class HeadCountsPayload(WeightsPayload):
     label_counts: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     def validate_head(
-        self, reference: Mapping[str, Tensor], num_classes: int, sender: str = "client", held: Tensor | None = None
+        self, reference: Mapping[str, Tensor], num_classes: int, sender: str, held: Tensor | None = None
     ) -> None:
         """Validate the head against ``reference`` (keys, shapes, dtypes) and ``[C]`` int64 counts within ``held``."""
         self.validate_against(reference, sender)
@@ -202,7 +202,7 @@ class FedGenClient(ClientModule):
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
         latent_kl = self.hp.latent_kl_weight != 0.0 and self.label_distribution is not None and x.shape[0] > 1
-        logits = self.model.forward_head(self.model.forward_features(x)) if latent_kl else self.model(x)
+        logits = self.model(x)
         loss = F.cross_entropy(logits, y)
         if latent_kl:  # the batch's own labels through the generator; BatchNorm needs two samples
             self.generator.train()
@@ -350,9 +350,7 @@ class FedGenServer(TrainableServerPhase):
         self.rounds_trained += 1
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(
-            self.generator.parameters(), lr=self.hp.generator_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
-        )
+        return torch.optim.Adam(self.generator.parameters(), lr=self.hp.generator_lr)  # Adam's defaults otherwise
 
     # ------------------------------------------------------------------ download
     def download_for(self, client_id: int) -> FedGenDownload | None:

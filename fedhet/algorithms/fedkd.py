@@ -94,15 +94,14 @@ class SVDStatePayload(Payload):
     dense: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     energy: float = 1.0
 
-    def validate_against(self, reference: Mapping[str, Tensor], sender: str = "client") -> None:
-        """Validate values, then that the entries rebuild exactly the reference's keys, shapes and dtypes.
+    def validate_against(self, reference: Mapping[str, Tensor], sender: str) -> None:
+        """The entries rebuild exactly the reference's keys, shapes and dtypes (values were found finite first).
 
         Dense entries have the reference's shape and dtype; a factorised entry is a floating
         matrix of the reference (``[rows, cols]`` after flattening) with ``u [rows, k]``,
         ``s [k]``, ``v [k, cols]`` in its dtype and ``1 <= k <= min(rows, cols)``; ``energy`` is
-        in ``(0, 1]``.
+        in ``(0, 1]``. :meth:`ClientUpload.expect` checked the values before.
         """
-        self.validate(sender)
         names = set(self.low_rank) | set(self.dense)
         if names != set(reference) or set(self.low_rank) & set(self.dense):
             raise TrainingError(

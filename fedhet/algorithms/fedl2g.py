@@ -63,14 +63,13 @@ from fedhet.algorithms.base import (
     Algorithm,
     Batch,
     Capabilities,
-    ClientModule,
     ClientUpload,
     LocalStage,
     ServerContext,
     ServerPhase,
     hparams_for,
 )
-from fedhet.algorithms.shared.common import head_weights
+from fedhet.algorithms.shared.common import SeparatelyClippedClient, head_weights
 from fedhet.core.payloads import ClassStatsPayload, Payload
 from fedhet.errors import ConfigError, TrainingError
 from fedhet.functional.guidance import guidance_loss, guidance_update
@@ -110,11 +109,6 @@ class FedL2GHparams(LocalOptimizer):
     server_max_grad_norm: PositiveFloat | None = knob(100.0, "clip the aggregated guidance gradient's norm; None: off")
     warm_up_rounds: NonNegativeInt = knob(0, "first rounds in which clients only learn to guide (HtFLlib -wur)")
 
-    def check(self) -> None:
-        for name in ("max_grad_norm", "server_max_grad_norm"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name}={value} is not a number > 0 (or null: no clipping)")
 
 
 class _Batches:
@@ -142,10 +136,11 @@ class _Split(nn.Module):
         return features, self.inner.forward_head(features)
 
 
-class FedL2GClient(ClientModule):
+class FedL2GClient(SeparatelyClippedClient):
     """Local training pulled towards the received guidance, then the meta stage that computes its gradient.
 
     Subclasses set :attr:`level`: which statistic the guidance pulls on (features or logits).
+    ``max_grad_norm`` clips the model's gradient (its one clipping group), then Lightning's own.
     """
 
     Hparams = FedL2GHparams
@@ -154,8 +149,8 @@ class FedL2GClient(ClientModule):
     def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
         super().__init__(model, num_classes, hp, **overrides)
         self.guide: Tensor | None = None
-        self.guide_grad: Tensor | None = None
-        self.guide_rows = torch.zeros(num_classes, dtype=torch.long)
+        #: the meta stage's result: the guidance gradient, rows of the classes studied marked 1
+        self.guide_upload: ClassStatsPayload | None = None
         self._study: list[Batch] = []
         self._quiz: list[Batch] = []
 
@@ -216,13 +211,6 @@ class FedL2GClient(ClientModule):
         guide = None if self.guide is None else self.guide.to(features.device)
         return self.guided_loss(features, logits, y, guide)
 
-    def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
-    ) -> None:
-        if self.hp.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hp.max_grad_norm)
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.stage == META:
             # never stepped: its (scheduled) learning rate and weight decay are the virtual step's
@@ -233,8 +221,7 @@ class FedL2GClient(ClientModule):
     def on_train_start(self) -> None:
         if self.stage == META:
             self._study, self._quiz = [], []
-            self.guide_grad = None
-            self.guide_rows = torch.zeros(self.num_classes, dtype=torch.long)
+            self.guide_upload = None
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         if self.stage != META:
@@ -280,10 +267,8 @@ class FedL2GClient(ClientModule):
         params = {name: p for name, p in _Split(self.model).named_parameters() if p.requires_grad}
         names = list(params)
         eta, weight_decay = self.virtual_step_settings()
-        with torch.enable_grad():
-            study_loss = torch.stack(
-                [self.guided_loss(*self.forward_on_copies(x, params), y, guide) for x, y in study]
-            ).mean()
+        with torch.enable_grad():  # the study pass differentiates the model's own parameters, those in ``params``
+            study_loss = torch.stack([self.guided_loss(*self.forward_on_copies(x), y, guide) for x, y in study]).mean()
             grads = torch.autograd.grad(study_loss, [params[n] for n in names], create_graph=True, allow_unused=True)
             stepped = {
                 n: params[n] if g is None else params[n] - eta * (g + weight_decay * params[n])
@@ -292,14 +277,13 @@ class FedL2GClient(ClientModule):
             quiz_loss = torch.stack([F.cross_entropy(self.forward_on_copies(x, stepped)[1], y) for x, y in quiz]).mean()
             (guide_grad,) = torch.autograd.grad(quiz_loss, guide)
         labels = torch.cat([y for _, y in study]).cpu()
-        self.guide_rows = (torch.bincount(labels, minlength=self.num_classes) > 0).long()
-        self.guide_grad = guide_grad.detach() * self.guide_rows.to(device).unsqueeze(1)
+        rows = (torch.bincount(labels, minlength=self.num_classes) > 0).long()
+        values = (guide_grad.detach() * rows.to(device).unsqueeze(1)).float().cpu()
+        self.guide_upload = ClassStatsPayload(values=values, counts=rows)
         return quiz_loss.detach()
 
     def make_upload(self, train_batches: Iterable[Batch]) -> ClassStatsPayload | None:
-        if self.guide_grad is None:
-            return None
-        return ClassStatsPayload(values=self.guide_grad.float().cpu(), counts=self.guide_rows.clone())
+        return self.guide_upload
 
 
 class FedL2GFeatClient(FedL2GClient):
@@ -372,7 +356,7 @@ class FedL2GServer(ServerPhase):
 
     def metrics(self) -> dict[str, float]:
         """``guided_classes``: classes whose guidance moved this round."""
-        return {"guided_classes": float(self.present.sum())} if self.present.numel() else {}
+        return {"guided_classes": float(self.present.sum())}
 
     def server_state(self) -> dict[str, Any]:
         return {"guide": self.guide, "present": self.present}

@@ -33,7 +33,9 @@ What is dropped, and why:
   helpers' mean prediction, as the reference adaptation prescribes.
 * RandAugment as the strong augmentation: the strong view is the public batch with an extra
   random flip, random crop (padding ``H // 8``) and a ``H // 2`` cutout filled with the
-  dataset mean (zero after normalisation), drawn from the loop's seeded global RNG.
+  dataset mean (zero after normalisation), drawn from the loop's seeded global RNG. The cutout
+  square spans ``H // 4`` pixels on each side of its centre, so for an even ``H // 2`` its side
+  is ``H // 2 + 1`` (15 pixels at ``H = 28``), one more than DeVries & Taylor's.
 * FedMatch's labels-at-server / labels-at-client scenarios: here private data are labelled and
   the unlabelled data are the shared public set, like the other public-data baselines.
 Optimizers follow the benchmark's common frame: Adam 1e-3 re-created every public step, local
@@ -60,10 +62,14 @@ from fedhet.hparams import NonNegativeFloat, UnitInterval, knob, log_uniform, un
 
 
 class Cutout:
-    """Fill one random ``size x size`` square per image with zero (the mean, after normalisation).
+    """Fill one random square per image with zero (the mean, after normalisation).
+
+    The square is centred on a uniformly drawn pixel and spans ``size // 2`` pixels on each side
+    (side ``size`` when odd, ``size + 1`` when even), clipped where it extends past the border
+    (DeVries & Taylor 2017 clip the same way; their side is ``size`` for even sizes).
 
     Args:
-        size: side of the square; it may extend past the border (DeVries & Taylor 2017).
+        size: the square's nominal side (0: no cut).
     """
 
     def __init__(self, size: int) -> None:
@@ -73,7 +79,7 @@ class Cutout:
 
     def __call__(self, images: Tensor, generator: torch.Generator) -> Tensor:
         """Return ``images`` with one square per sample set to zero."""
-        if self.size == 0 or images.shape[0] == 0:
+        if self.size == 0:
             return images
         batch, _, height, width = images.shape
         centre_y = torch.randint(0, height, (batch,), generator=generator).to(images.device)

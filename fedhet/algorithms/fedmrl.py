@@ -46,12 +46,16 @@ import torch
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase, hparams_for
-from fedhet.algorithms.shared.common import SharedWeighting, SubmoduleAveragingServer, SubmoduleSharingClient
+from fedhet.algorithms.shared.common import (
+    SharedWeighting,
+    SubmoduleAveragingServer,
+    SubmoduleSharingClient,
+    build_shared_model,
+)
 from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import ConfigError
 from fedhet.functional.matryoshka import matryoshka_loss, nested_prefixes
 from fedhet.hparams import Hyperparameters, LocalOptimizer, NonNegativeFloat, PositiveInt, knob, log_uniform
-from fedhet.seeding import derive_seed
 
 Prediction = Literal["fine", "sum"]
 
@@ -137,16 +141,6 @@ class FedMRLServer(SubmoduleAveragingServer):
         super().__init__("small.", self.hp.small_weighting, per_architecture=False, send_initial=True)
 
 
-def build_small_model(hp: Any, num_classes: int, in_channels: int) -> nn.Module:
-    """The shared small model, identically initialised on every client, features pooled to ``small_feature_dim``."""
-    from fedhet.models import create_model
-
-    seed = derive_seed(hp.shared_init_seed, "fedmrl-small", hp.small_model)
-    return create_model(
-        hp.small_model, num_classes=num_classes, in_channels=in_channels, seed=seed, feature_dim=hp.small_feature_dim
-    )
-
-
 class FedMRL(Algorithm):
     """FedMRL (heterogeneous client models, one shared small model)."""
 
@@ -157,11 +151,14 @@ class FedMRL(Algorithm):
     download_type = WeightsPayload
 
     def build_client(self, model: nn.Module, num_classes: int) -> ClientModule:
-        small = build_small_model(self.hp, num_classes, self.image_channels())
+        small = build_shared_model(  # features pooled to d_2
+            self.hp.small_model, num_classes, self.image_channels(), self.hp.shared_init_seed, "fedmrl-small",
+            feature_dim=self.hp.small_feature_dim,
+        )  # fmt: skip
         return FedMRLClient(model, num_classes, small, self.hp)
 
     def build_server(self) -> ServerPhase:
         return FedMRLServer(self.hp)
 
 
-__all__ = ["FedMRL", "FedMRLClient", "FedMRLHparams", "FedMRLServer", "build_small_model"]
+__all__ = ["FedMRL", "FedMRLClient", "FedMRLHparams", "FedMRLServer"]

@@ -100,14 +100,12 @@ class WeightsAndPrototypesPayload(WeightsPayload):
 
     def class_stats(self) -> ClassStatsPayload:
         """The prototype half as a :class:`ClassStatsPayload` (its byte count and checks)."""
-        return ClassStatsPayload(values=self.prototypes, counts=self.counts, num_examples=self.num_examples)
+        return ClassStatsPayload(values=self.prototypes, counts=self.counts)
 
     def nbytes(self) -> int:
         return WeightsPayload(weights=self.weights).nbytes() + self.class_stats().nbytes()
 
-    def validate_prototypes(
-        self, num_classes: int, dim: int | None, sender: str = "client", held: Tensor | None = None
-    ) -> None:
+    def validate_prototypes(self, num_classes: int, dim: int | None, sender: str, held: Tensor | None = None) -> None:
         """Validate values, then ``prototypes`` is ``[num_classes, dim]`` float32 with int64 counts within ``held``."""
         self.class_stats().validate_shape(num_classes, dim, sender, dtype=torch.float32, held=held)
 
@@ -119,8 +117,8 @@ class FedProcClient(FedAvgClient):
 
     def __init__(self, model: nn.Module, num_classes: int, hp: Any = None, **overrides: Any) -> None:
         super().__init__(model, num_classes, hp, **overrides)
-        self.global_prototypes: Tensor | None = None
-        self.prototype_available: Tensor | None = None
+        # the global prototypes and which classes have one, once the server has any
+        self.global_prototypes: tuple[Tensor, Tensor] | None = None
 
     def prototype_weight(self) -> float:
         """``alpha_t`` of the current round."""
@@ -130,20 +128,21 @@ class FedProcClient(FedAvgClient):
 
     def on_receive(self, download: Payload | None) -> None:
         super().on_receive(download)
-        self.global_prototypes = self.prototype_available = None
+        self.global_prototypes = None
         if isinstance(download, WeightsAndPrototypesPayload) and bool((download.counts > 0).any()):
-            self.global_prototypes = download.prototypes
-            self.prototype_available = download.counts > 0
+            self.global_prototypes = (download.prototypes, download.counts > 0)
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
         features = self.model.forward_features(x)
         ce = F.cross_entropy(self.model.forward_head(features), y)
-        if self.global_prototypes is None or self.prototype_available is None:
+        if self.global_prototypes is None:
             return ce
         weight = self.prototype_weight()
-        prototypes = self.global_prototypes.to(features.device)
-        proto = prototypical_contrastive_loss(features, y, prototypes, self.prototype_available, self.hp.temperature)
+        prototypes, available = self.global_prototypes
+        proto = prototypical_contrastive_loss(
+            features, y, prototypes.to(features.device), available, self.hp.temperature
+        )
         return weight * proto + (1.0 - weight) * ce
 
     def make_upload(self, train_batches: Iterable[Batch]) -> WeightsAndPrototypesPayload:
@@ -193,19 +192,19 @@ class FedProcServer(FedAvgServer):
         payload = upload.expect(WeightsAndPrototypesPayload, "weights and prototypes")
         self.check_weights(upload, payload)
         held = None if self.held is None else self.held[upload.client_id]
-        payload.validate_prototypes(self.num_classes, self.prototype_dim(upload.architecture), upload.sender, held)
+        payload.validate_prototypes(self.num_classes, self.prototype_dim(), upload.sender, held)
 
-    def prototype_dim(self, architecture: str) -> int | None:
-        """The width prototypes of clients of ``architecture`` have (``None``: not known yet)."""
-        head = self.global_by_architecture.get(self.group(architecture), {}).get("head.weight")
-        if head is not None and head.dim() == 2:
+    def prototype_dim(self) -> int | None:
+        """The prototypes' width: the global head's input width, else the global prototypes' (``None``: unknown)."""
+        head = self.global_weights.get("head.weight")  # one global model: FedProc's models are homogeneous
+        if head is not None:
             return int(head.shape[1])
         return None if self.global_prototypes is None else int(self.global_prototypes.shape[1])
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         if not uploads:
             return
-        if self.prototype_dim(uploads[0].architecture) is None:
+        if self.prototype_dim() is None:
             # no declared width (a model without a linear head, round 0): the uploads must at least agree
             width = int(uploads[0].payload.prototypes.shape[1])  # type: ignore[attr-defined]
             for upload in uploads:

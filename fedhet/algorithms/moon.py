@@ -44,7 +44,6 @@ from fedhet.algorithms.base import Batch, ClientModule
 from fedhet.algorithms.shared.common import FedAvgClient, WeightAveraging
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.core.state import copy_state_into
-from fedhet.errors import ConfigError
 from fedhet.functional import model_contrastive_loss
 from fedhet.hparams import LocalOptimizer, NonNegativeFloat, PositiveFloat, PositiveInt, knob, log_uniform
 
@@ -65,9 +64,6 @@ class MoonHparams(LocalOptimizer):
         256, "output size of the paper's projection head; null contrasts the backbone's features (FCCL+ code)"
     )
 
-    def check(self) -> None:
-        if self.projection_dim is not None and self.projection_dim < 1:
-            raise ConfigError(f"projection_dim={self.projection_dim!r} is not an integer >= 1 or null")
 
 
 class ProjectedClassifier(nn.Module):

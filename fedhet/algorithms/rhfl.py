@@ -73,9 +73,11 @@ class PrivateLossPayload(Payload):
 
     loss: Tensor = dataclasses.field(default_factory=lambda: torch.zeros(()))
 
-    def validate_value(self, sender: str = "client") -> None:
-        """Reject anything but one finite, non-negative float32 number (the dtype the server keeps losses in)."""
-        self.validate(sender)
+    def validate_value(self, sender: str) -> None:
+        """Reject anything but one non-negative float32 number (the dtype the server keeps losses in).
+
+        :meth:`ClientUpload.expect`, called first, found it finite.
+        """
         check_tensor(sender, "loss", self.loss, (), torch.float32)
         if float(self.loss) < 0:
             raise TrainingError(f"{sender} sent an invalid private loss {self.loss!r} (must be a non-negative float)")

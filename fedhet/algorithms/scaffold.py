@@ -216,7 +216,7 @@ class ScaffoldServer(FedAvgServer):
         payload = upload.expect(ScaffoldPayload, "SCAFFOLD's weights and control variate (ScaffoldPayload)")
         self.check_weights(upload, payload)
         reference = self.control_by_architecture[self.group(upload.architecture)]
-        check_like(upload.sender, "control", payload.control, reference, "the model's parameters", "a control variate")
+        check_like(upload.sender, "control", payload.control, reference, "the server's c", "a control variate")
 
     def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}

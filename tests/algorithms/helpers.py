@@ -249,6 +249,24 @@ def head_context(num_classes: int, feature_dim: int, head_weight: Tensor | None 
     return context(num_classes=num_classes, initial=state)
 
 
+def assert_sized_by_client_zeros_head(build: Callable[[], Any], message: str) -> None:
+    """A server whose width is client 0's head input: 3 read from a one-client context, a headless model refused.
+
+    Only client 0 has an initial state here, so a server reading another client finds no head.
+    """
+    import pytest
+
+    from fedhet.errors import ConfigError
+
+    state = dict(head_context(num_classes=2, feature_dim=3).initial_client_state(0))
+    server = build()
+    server.setup_server(context(num_classes=2, num_clients=1, initial=lambda cid: state if cid == 0 else {}))
+    assert server.dim == 3
+    with pytest.raises(ConfigError) as error:
+        build().setup_server(context(num_classes=2, initial={"model.body.w": torch.zeros(1)}))
+    assert str(error.value) == message
+
+
 def class_stats(values: Any, counts: Any, num_examples: int = 10) -> Payload:
     """A :class:`ClassStatsPayload` from nested lists."""
     from fedhet.core.payloads import ClassStatsPayload

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms.ccvr import CALIBRATE, CCVRClient, CCVRServer, GaussianStatsPayload
 from fedhet.algorithms.fedtype import FedTypeClient, per_sample_kl, reciprocal_weights
+from fedhet.core.payloads import ClassStatsPayload
 from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
 from tests.algorithms.helpers import TinyLinear, fit, one_batch_loader, upload
@@ -52,12 +55,12 @@ def test_ccvr_server_pools_each_class_over_uploaders_and_keeps_absent_ones():
             upload(1, _stats([[4.0], [0.0]], [[[0.0]], [[0.0]]], [1, 0])),
         ],
     )
-    torch.testing.assert_close(server.means, torch.tensor([[2.0], [7.0]]))
-    torch.testing.assert_close(server.covariances, torch.tensor([[[4.0]], [[1.0]]]))
-    assert server.counts.tolist() == [3, 2]
+    pooled = server.download_for(0)
+    torch.testing.assert_close(pooled.means, torch.tensor([[2.0], [7.0]]))
+    torch.testing.assert_close(pooled.covariances, torch.tensor([[[4.0]], [[1.0]]]))
+    assert pooled.counts.tolist() == [3, 2]
     server.aggregate(1, [upload(1, _stats([[5.0], [0.0]], [[[0.0]], [[0.0]]], [1, 0]))])
-    torch.testing.assert_close(server.means[1], torch.tensor([7.0]))  # class 1 kept
-    torch.testing.assert_close(server.means[0], torch.tensor([5.0]))
+    torch.testing.assert_close(server.download_for(1).means, torch.tensor([[5.0], [7.0]]))  # class 1 kept
     with pytest.raises(TrainingError, match="counts"):
         server.check_upload(upload(0, _stats([[1.0], [1.0]], [[[0.0]], [[0.0]]], [-1, 1])))
 
@@ -167,3 +170,115 @@ def test_ccvr_sampling_factor_survives_a_slightly_indefinite_covariance():
     assert (factor @ factor.T - covariance).abs().max().item() < 2e-3
     eye = torch.eye(3, dtype=torch.float64)
     torch.testing.assert_close(sampling_factor(eye, 0.0), eye)
+
+
+def test_ccvr_sampling_factor_adds_the_jitter_in_the_covariance_precision():
+    """A positive-definite covariance is factored by Cholesky of ``Sigma + jitter I`` in its own dtype (float64)."""
+    from fedhet.algorithms.ccvr import sampling_factor
+
+    covariance = torch.tensor([[2.0, 0.3], [0.3, 1.0]], dtype=torch.float64)
+    expected = torch.linalg.cholesky(covariance + 1e-4 * torch.eye(2, dtype=torch.float64))
+    assert torch.equal(sampling_factor(covariance, 1e-4), expected)  # a float32 jitter differs in the last bits
+
+
+def test_ccvr_client_calibrates_only_while_it_holds_the_servers_gaussians():
+    """No calibration before a download or after an empty one; a class counted once is sampled like any other."""
+    client = CCVRClient(TinyLinear(), 2, virtual_per_class=3)
+    assert [s.name for s in client.local_stages()] == ["local"]
+    client.on_receive(_stats([[1.0, 0.0], [0.0, 1.0]], [[[0.0, 0.0], [0.0, 0.0]]] * 2, [0, 1]))
+    assert [s.name for s in client.local_stages()] == ["local", CALIBRATE]
+    features, labels = client.virtual_features(seed=0)
+    assert labels.tolist() == [1, 1, 1] and features.shape == (3, 2)
+    client.on_receive(None)
+    assert [s.name for s in client.local_stages()] == ["local"]
+    client.on_receive(ClassStatsPayload(values=torch.zeros(2, 2), counts=torch.tensor([1, 1])))
+    assert [s.name for s in client.local_stages()] == ["local"]  # not Gaussians: nothing to calibrate on
+
+
+def test_ccvr_calibration_batches_are_shuffled_by_the_stage_seed_alone():
+    """Batches of ``calibration_batch_size`` in an order drawn from the stage's seed: same seed, same batches."""
+    client = CCVRClient(TinyLinear(), 2, virtual_per_class=20, calibration_batch_size=8)
+    client.on_receive(_stats([[1.0, 0.0], [0.0, 1.0]], [[[0.1, 0.0], [0.0, 0.1]]] * 2, [3, 3]))
+    client.stage = CALIBRATE
+
+    def labels(seed):
+        batches = list(client.stage_dataloader(None, seed=seed))
+        assert [len(y) for _, y in batches] == [8, 8, 8, 8, 8]
+        return torch.cat([y for _, y in batches])
+
+    torch.manual_seed(1)
+    first = labels(3)
+    torch.manual_seed(2)  # the global stream plays no part
+    assert torch.equal(labels(3), first)
+    assert not torch.equal(first, first.sort().values)  # shuffled, not class after class
+    assert not torch.equal(labels(4), first)
+    client.stage = "local"
+    private = [(torch.zeros(1, 2), torch.zeros(1, dtype=torch.long))]
+    assert client.stage_dataloader(private, seed=3) is private
+
+
+def test_ccvr_server_skips_a_class_nobody_sent_and_pools_the_next():
+    """Class 0 absent from every upload keeps its zeros; class 1 after it is still pooled."""
+    server = _server()
+    server.aggregate(0, [upload(0, _stats([[0.0], [3.0]], [[[0.0]], [[2.0]]], [0, 4]))])
+    pooled = server.download_for(0)
+    assert pooled.counts.tolist() == [0, 4]
+    torch.testing.assert_close(pooled.means, torch.tensor([[0.0], [3.0]]))
+    torch.testing.assert_close(pooled.covariances, torch.tensor([[[0.0]], [[2.0]]]))
+
+
+def test_ccvr_server_state_resumes_the_pooled_gaussians():
+    """Nothing to save before the first uploads; afterwards a fresh server restores the same download."""
+    server = _server()
+    assert server.server_state() == {} and server.download_for(0) is None
+    fresh = _server()
+    fresh.load_server_state(server.server_state())
+    assert fresh.download_for(0) is None
+    server.aggregate(0, [upload(0, _stats([[1.0], [7.0]], [[[2.0]], [[1.0]]], [2, 2]))])
+    state = server.server_state()
+    assert sorted(state) == ["counts", "covariances", "means"]
+    fresh.load_server_state(state)
+    restored, original = fresh.download_for(1), server.download_for(1)
+    for name in ("means", "covariances", "counts"):
+        assert torch.equal(getattr(restored, name), getattr(original, name)), name
+
+
+def test_ccvr_server_needs_a_linear_head_on_client_zero():
+    """The feature width is read from client 0's head; a model without one is refused by name."""
+    from tests.algorithms.helpers import assert_sized_by_client_zeros_head
+
+    assert_sized_by_client_zeros_head(CCVRServer, "CCVR needs client models with a linear 'head' (FeatureClassifier)")
+
+
+def test_ccvr_server_refuses_uploads_by_name():
+    """Each refusal names the client and the field; counts are checked against what the client holds."""
+    from tests.algorithms.helpers import context, head_context
+
+    initial = head_context(num_classes=2, feature_dim=1).initial_client_state(0)
+    server = CCVRServer()
+    server.setup_server(context(num_classes=2, initial=initial, label_counts=torch.tensor([[2, 2], [1, 0]])))
+    good = _stats([[1.0], [7.0]], [[[2.0]], [[1.0]]], [2, 2])
+    server.check_upload(upload(0, good))
+
+    def refusal(client_id, payload):
+        with pytest.raises(TrainingError) as error:
+            server.check_upload(upload(client_id, payload))
+        return str(error.value)
+
+    wrong = ClassStatsPayload(values=torch.zeros(2, 1), counts=torch.tensor([1, 1]))
+    assert refusal(0, wrong) == "client 0 sent ClassStatsPayload, expected class Gaussians (GaussianStatsPayload)"
+    assert refusal(1, good) == (
+        "client 1 sent class counts inconsistent with its data (class 0: 2 examples, it holds 1)"
+    )
+    assert refusal(0, dataclasses.replace(good, means=torch.zeros(2, 2))).startswith(
+        "client 0 sent 'means' of shape (2, 2), expected (2, 1)"
+    )
+    assert refusal(0, dataclasses.replace(good, covariances=torch.zeros(2, 1, 1, dtype=torch.float64))).startswith(
+        "client 0 sent 'covariances' as torch.float64 where the server holds torch.float32"
+    )
+    assert refusal(0, dataclasses.replace(good, counts=torch.tensor([1, 1, 1]))).startswith(
+        "client 0 sent 'counts' of shape (3,), expected (2,)"
+    )
+    assert refusal(0, dataclasses.replace(good, means=torch.tensor([[float("nan")], [0.0]]))).startswith(
+        "client 0 sent non-finite values in 'means'"
+    )

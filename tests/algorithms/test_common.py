@@ -430,3 +430,10 @@ def test_the_previous_model_teacher_is_frozen_and_retaken_when_its_choice_says()
         early.model.head.weight.fill_(3.0)
     early.on_train_start()
     assert early.previous_model.head.weight.eq(3.0).all()
+
+
+def test_a_shared_model_takes_model_arguments():
+    """Model arguments (FedMRL's ``feature_dim`` of its small model) reach the model's constructor."""
+    from fedhet.algorithms.shared.common import build_shared_model
+
+    assert build_shared_model("cnn_tiny", 3, 1, 0, "small", feature_dim=8).num_features == 8

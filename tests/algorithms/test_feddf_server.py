@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedhet.algorithms import FedAvg, FedDFServer, FedProto, FedProx
-from fedhet.algorithms.base import ClientUpload, ServerContext
+from fedhet.algorithms.base import ClientUpload, LocalStage, ServerContext
 from fedhet.algorithms.fedavg import FedAvgServer
 from fedhet.algorithms.feddf_server import EnsembleDistillation
 from fedhet.algorithms.shared.common import SubmoduleAveragingServer
@@ -204,3 +205,55 @@ def test_student_bn_and_the_distillation_budget_are_in_the_search_space():
     assert space["method.init_args.distill_steps"] == {"distribution": "int_uniform", "min": 0, "max": 1000}
     with pytest.raises(ConfigError, match="student_bn"):
         FedDFServer(student_bn="eval")
+
+
+def test_the_distillation_refuses_what_it_cannot_refine_by_name():
+    """A base that does not average weights, no public data or no model factory: one line each."""
+    with pytest.raises(ConfigError) as error:
+        EnsembleDistillation().attach(FedProto().build_server(), _context())
+    assert str(error.value) == (
+        "feddf_server refines weight-averaging bases (FedAvg, FedProx, MOON, FedProc, FedRS), not ClassMeanServer; "
+        "set method.init_args.base to one of them"
+    )
+    message = "feddf_server needs unlabeled public data; set --scenario.public photos"
+    for missing in ("public_loader", "model_factory"):
+        with pytest.raises(ConfigError) as error:
+            EnsembleDistillation().attach(FedAvgServer(), dataclasses.replace(_context(), **{missing: None}))
+        assert str(error.value) == message, missing
+
+
+def test_the_distillation_builds_students_and_frozen_templates_per_architecture_from_the_seeded_factory():
+    """One student and one frozen teacher template per architecture, built by the factory under the run seed."""
+    calls = []
+
+    def factory(architecture, seed):
+        calls.append((architecture, seed))
+        return TinyLinear()
+
+    context = dataclasses.replace(_context(("a", "b", "a")), model_factory=factory, seed=3)
+    base = FedAvgServer()
+    base.setup_server(context)
+    stage = EnsembleDistillation()
+    stage.attach(base, context)
+    assert calls == [("a", 3), ("a", 3), ("b", 3), ("b", 3)]
+    assert list(stage.students) == ["a", "b"]
+    assert all(p.requires_grad for p in stage.students.parameters())
+    assert not any(p.requires_grad for p in stage.templates.parameters())
+
+
+def test_the_distillation_runs_only_with_teachers_and_steps_and_reads_the_public_loader_with_its_seed():
+    """No step without this round's teachers or with ``distill_steps = 0``; the public loader gets the stage seed."""
+    uploads = [ClientUpload(0, "a", WeightsPayload(weights=_weights(torch.eye(2)), num_examples=1))]
+    _, stage = _refinement(uploads, steps=1)
+    assert stage.should_refine() and stage.refine_budget() == LocalStage(name="distill", steps=1)
+    assert stage.configure_optimizers()["lr_scheduler"]["scheduler"].T_max == 1
+    assert stage.metrics() == {}  # nothing distilled yet
+    seeds = []
+    stage.context = dataclasses.replace(stage.context, public_loader=lambda seed: seeds.append(seed) or [])
+    stage.server_dataloader(5)
+    assert seeds == [5]
+    _, idle = _refinement(uploads, steps=0)
+    assert not idle.should_refine()
+    _, empty = _refinement([], steps=1)
+    assert not empty.should_refine()
+    assert EnsembleDistillation().metrics() == {}

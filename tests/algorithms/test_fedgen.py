@@ -200,3 +200,125 @@ def test_fedgen_server_rejects_bad_label_counts(cpu_trainer):
     bad = HeadCountsPayload(weights=head, label_counts=-torch.ones(10, dtype=torch.long), num_examples=4)
     with pytest.raises(TrainingError, match="label counts"):
         loop.server.check_upload(upload(0, bad))
+
+
+def test_fedgen_client_never_trains_the_received_generator_and_counts_every_batch():
+    """The generator is frozen on the client; the upload's counts cover all the batches."""
+    client = FedGenClient(TinyLinear(), 2, FeatureGenerator(3, 2, 4, 2))
+    assert not any(p.requires_grad for p in client.generator.parameters())
+    sent = client.make_upload([(torch.zeros(2, 2), torch.tensor([0, 1])), (torch.zeros(1, 2), torch.tensor([1]))])
+    assert sent.label_counts.tolist() == [1, 2] and sent.label_counts.dtype == torch.long
+
+
+def test_fedgen_client_with_a_batch_of_one_draws_two_generated_labels_and_skips_the_latent_kl():
+    """BatchNorm in the generator needs two samples: a single example draws two labels and has no latent KL."""
+    generator = FeatureGenerator(3, 2, 4, 2)
+    client = FedGenClient(TinyLinear(), 2, generator, generated_weight=0.5, latent_kl_weight=1.0)
+    parameters = {k: v.detach().clone() for k, v in generator.named_parameters()}
+    client.on_receive(FedGenDownload(head={"weight": torch.eye(2)}, generator=parameters,
+                                     label_counts=torch.tensor([1, 3])))  # fmt: skip
+    x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    torch.manual_seed(4)
+    loss = client.local_loss((x, y))
+    torch.manual_seed(4)
+    labels = torch.multinomial(torch.tensor([1.0, 3.0], dtype=torch.float64), 2, replacement=True)
+    client.generator.train()
+    with torch.no_grad():
+        features, _ = client.generator(labels)
+    expected = math.log1p(math.exp(-1.0)) + 0.5 * torch.nn.functional.cross_entropy(features, labels).item()
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_fedgen_diversity_enters_at_weight_one_too():
+    """At the paper's weight 1 the diversity term (1 for identical outputs) is added like at any other weight."""
+    server = _server_after_two_uploads(diversity_weight=1.0)
+    server.generator = _constant_generator([1.0, 0.0])
+    expected = (math.log1p(math.exp(-1.5)) + math.log(2.0)) / 2 + 1.0
+    assert server.generator_loss(torch.tensor([0, 1])).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_fedgen_server_before_any_round_reports_no_loss_and_cannot_be_fitted():
+    """No generator loss yet (NaN), and a fit before the first upload says so."""
+    server = FedGenServer()
+    server.setup_server(context(num_classes=2, initial=INITIAL_HEAD))
+    assert all(math.isnan(value) for value in server.metrics().values())
+    with pytest.raises(TrainingError) as error:
+        server.server_dataloader(seed=0)
+    assert str(error.value) == "FedGen's server was fitted before any upload arrived"
+
+
+def test_fedgen_server_generator_follows_the_run_seed_and_client_zeros_head():
+    """The generator's initialisation comes from the run seed; the head from client 0's initial state (frozen)."""
+    def server(seed, clients=2):
+        built = FedGenServer(noise_dim=3)
+        built.setup_server(context(num_classes=2, num_clients=clients, seed=seed,
+                                   initial=lambda cid: INITIAL_HEAD if cid == 0 else {}))  # fmt: skip
+        return built
+
+    a, b, c = server(0, clients=1), server(0), server(1)
+    assert torch.equal(a.global_head.weight, torch.eye(2))
+    assert not any(p.requires_grad for p in a.global_head.parameters())
+    first, again, other = (dict(s.generator.named_parameters()) for s in (a, b, c))
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_fedgen_server_builds_a_multilayer_head_from_the_first_architecture():
+    """A head that is not one linear layer is copied from the factory's network of architecture 0."""
+    from fedhet.models import create_model
+
+    built = []
+
+    def factory(architecture, seed):
+        built.append((architecture, seed))
+        network = create_model("lenet5", num_classes=3, in_channels=1, seed=0)
+        factory.network = network
+        return network
+
+    shapes = create_model("lenet5", num_classes=3).state_dict()
+    initial = {f"model.{k}": torch.full_like(v, 0.5) for k, v in shapes.items()}
+    server = FedGenServer(noise_dim=3)
+    server.setup_server(context(num_classes=3, seed=7, initial=initial, architectures=("lenet5", "other"),
+                                model_factory=factory))  # fmt: skip
+    assert built == [("lenet5", 7)]
+    assert isinstance(server.global_head, torch.nn.Sequential) and server.global_head[0] is not factory.network.head[0]
+    assert torch.equal(server.global_head[0].weight, torch.full((120, 400), 0.5))
+    assert not torch.equal(factory.network.head[0].weight, torch.full((120, 400), 0.5))  # the factory's net untouched
+    assert server.generator(torch.tensor([0, 1]))[0].shape == (2, 400)
+    with pytest.raises(TrainingError) as error:
+        FedGenServer().setup_server(context(num_classes=3, initial=initial))
+    assert str(error.value) == "FedGen needs a model factory for a head that is not one nn.Linear"
+
+
+def test_fedgen_server_refuses_uploads_by_name():
+    """Wrong payloads, heads and label counts are refused naming the client; counts stay within what it holds."""
+    from fedhet.core.payloads import ClassStatsPayload
+
+    server = FedGenServer()
+    server.setup_server(context(num_classes=2, initial=INITIAL_HEAD, label_counts=torch.tensor([[2, 2], [1, 0]])))
+    head = {"weight": torch.eye(2), "bias": torch.zeros(2)}
+
+    def refusal(client_id, payload):
+        with pytest.raises(TrainingError) as error:
+            server.check_upload(upload(client_id, payload))
+        return str(error.value)
+
+    server.check_upload(upload(0, HeadCountsPayload(weights=head, label_counts=torch.tensor([2, 2]))))
+    wrong = ClassStatsPayload(values=torch.zeros(2, 2), counts=torch.tensor([1, 1]))
+    assert refusal(0, wrong) == "client 0 sent ClassStatsPayload, expected a head with label counts (HeadCountsPayload)"
+    assert refusal(1, HeadCountsPayload(weights=head, label_counts=torch.tensor([2, 0]))) == (
+        "client 1 sent label counts inconsistent with its data (class 0: 2 examples, it holds 1)"
+    )
+    assert refusal(1, HeadCountsPayload(weights=head, label_counts=torch.tensor([1, 0, 0]))).startswith(
+        "client 1 sent 'label_counts' of shape (3,), expected (2,)"
+    )
+    assert refusal(1, HeadCountsPayload(weights=head, label_counts=torch.tensor([1.0, 0.0]))) == (
+        "client 1 sent invalid label counts (must be non-negative integers, int64)"
+    )
+    headless = HeadCountsPayload(weights={"weight": torch.eye(2)}, label_counts=torch.tensor([1, 0]))
+    assert refusal(1, headless).startswith(
+        "client 1 sent weights whose keys differ"
+    )
+    free = FedGenServer()
+    free.setup_server(context(num_classes=2, initial=INITIAL_HEAD))  # no label counts known: any counts
+    free.check_upload(upload(1, HeadCountsPayload(weights=head, label_counts=torch.tensor([9, 9]))))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.fedkd import FedKD, FedKDClient, FedKDServer, SVDStatePayload
+from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import TrainingError
 from fedhet.federation import FederationLoop
 from fedhet.models import create_model
@@ -158,3 +159,161 @@ def test_fedkd_server_rejects_malformed_factors(cpu_trainer):
     low = SVDStatePayload(low_rank={"head.weight": factors}, dense=rest)
     with pytest.raises(TrainingError, match="low_rank.head.weight.v"):
         loop.server.check_upload(upload(0, low))
+
+
+REFERENCE = {
+    "conv": torch.zeros(4, 1, 3),  # a matrix of 4 rows and 3 columns once flattened
+    "bias": torch.zeros(4),
+    "count": torch.tensor(0),
+}
+
+
+def _factors(rank=2, rows=4, cols=3, dtype=torch.float32):
+    return {
+        "u": torch.zeros(rows, rank, dtype=dtype),
+        "s": torch.ones(rank, dtype=dtype),
+        "v": torch.zeros(rank, cols, dtype=dtype),
+    }
+
+
+def _refusal(payload) -> str:
+    server = FedKDServer()
+    server.setup_server(context(initial={f"student.{k}": v for k, v in REFERENCE.items()}))
+    with pytest.raises(TrainingError) as error:
+        server.check_upload(upload(1, payload))
+    return str(error.value)
+
+
+def _sent(low_rank=None, **dense):
+    entries = {"bias": torch.zeros(4), "count": torch.tensor(0), **dense}
+    return SVDStatePayload(low_rank={"conv": _factors()} if low_rank is None else low_rank, dense=entries)
+
+
+def test_fedkd_server_accepts_factors_up_to_full_rank_of_the_flattened_matrix():
+    """A [4, 1, 3] tensor is a 4 x 3 matrix: ranks 1 to 3 are accepted, with the factors of those shapes."""
+    server = FedKDServer()
+    server.setup_server(context(num_clients=1, initial=lambda cid: {f"student.{k}": v for k, v in REFERENCE.items()}
+                                if cid == 0 else {}))  # fmt: skip
+    assert set(server.global_student) == set(REFERENCE)  # read from client 0's initial state
+    for rank in (1, 3):
+        server.check_upload(upload(1, _sent({"conv": _factors(rank)})))
+
+
+def test_fedkd_server_refuses_entries_that_differ_from_the_global_student():
+    """Missing, unexpected and doubly-sent entries are named (three of each at most)."""
+    message = "client 1 sent a compressed student whose entries differ from the global student"
+    assert _refusal(SVDStatePayload()) == f"{message} (missing ['bias', 'conv', 'count'], unexpected [])"
+    wide = FedKDServer()
+    wide.setup_server(context(initial={f"student.{k}": torch.zeros(1) for k in "abcde"}))
+    with pytest.raises(TrainingError) as error:
+        wide.check_upload(upload(1, SVDStatePayload()))
+    assert str(error.value) == f"{message} (missing ['a', 'b', 'c'], unexpected [])"
+    extra = {name: torch.zeros(1) for name in ("p", "q", "r", "s")}
+    assert _refusal(_sent(**extra)) == f"{message} (missing [], unexpected ['p', 'q', 'r'])"
+    twice = SVDStatePayload(low_rank={"conv": _factors()}, dense=dict(REFERENCE))
+    assert _refusal(twice) == f"{message} (missing [], unexpected [])"
+
+
+@pytest.mark.parametrize("energy", [0.0, 1.5, "0.5"])
+def test_fedkd_server_refuses_an_energy_outside_the_unit_interval(energy):
+    """The threshold the download reuses must be a number in (0, 1]."""
+    payload = SVDStatePayload(low_rank={"conv": _factors()}, dense=_sent().dense, energy=energy)
+    assert _refusal(payload) == f"client 1 sent an SVD energy of {energy!r}, expected a number in (0, 1]"
+
+
+def test_fedkd_server_names_each_malformed_tensor():
+    """Dense entries and each factor are checked for shape and dtype against the global student, by name."""
+    dtype_message = "where the global student holds torch.float32; clients must send tensors in the server's dtype"
+    assert _refusal(_sent(bias=torch.zeros(4, dtype=torch.float64))).startswith(
+        f"client 1 sent 'dense.bias' as torch.float64 {dtype_message}"
+    )
+    assert _refusal(_sent(bias=torch.zeros(5))).startswith("client 1 sent 'dense.bias' of shape (5,), expected (4,)")
+    for factor in ("u", "s", "v"):
+        factors = _factors()
+        factors[factor] = factors[factor].double()
+        assert _refusal(_sent({"conv": factors})).startswith(
+            f"client 1 sent 'low_rank.conv.{factor}' as torch.float64 {dtype_message}"
+        ), factor
+    factors = _factors()
+    factors["v"] = torch.zeros(2, 4)
+    assert _refusal(_sent({"conv": factors})).startswith(
+        "client 1 sent 'low_rank.conv.v' of shape (2, 4), expected (2, 3)"
+    )
+
+
+def test_fedkd_server_refuses_factors_it_cannot_rebuild():
+    """Factors of a dense entry, without exactly u, s and v, or of an impossible rank are refused by name."""
+    dense = {"conv": torch.zeros(4, 1, 3), "count": torch.tensor(0)}
+    vector = SVDStatePayload(low_rank={"bias": _factors(rows=4, cols=1)}, dense=dense)
+    assert _refusal(vector) == "client 1 sent SVD factors of 'bias', which the global student holds dense"
+    counter = SVDStatePayload(
+        low_rank={"count": _factors()}, dense={"conv": torch.zeros(4, 1, 3), "bias": torch.zeros(4)}
+    )
+    assert _refusal(counter) == "client 1 sent SVD factors of 'count', which the global student holds dense"
+    without_v = {k: v for k, v in _factors().items() if k != "v"}
+    assert _refusal(_sent({"conv": without_v})) == "client 1 sent factors of 'conv' without exactly u, s and v"
+    for s, shape in ((torch.ones(1, 1), "(1, 1)"), (torch.ones(4), "(4,)"), (torch.ones(0), "(0,)"), ([1.0], "()")):
+        factors = {**_factors(), "s": s}
+        assert _refusal(_sent({"conv": factors})) == (
+            f"client 1 sent 'low_rank.conv.s' of shape {shape}, expected a rank between 1 and 3"
+        )
+    wrong = WeightsPayload(weights=dict(REFERENCE))
+    assert _refusal(wrong) == "client 1 sent WeightsPayload, expected a compressed student (SVDStatePayload)"
+
+
+def test_fedkd_server_state_restores_the_student_the_energy_and_the_download():
+    """Before any upload: no download and energy 1 (nothing compressed); after one, a fresh server resumes it."""
+    initial = {"student.w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "student.n": torch.tensor(5)}
+    server = FedKDServer()
+    server.setup_server(context(initial=initial))
+    assert server.metrics() == {"energy": 1.0}
+    fresh = FedKDServer()
+    fresh.setup_server(context(initial=initial))
+    fresh.load_server_state(server.server_state())
+    assert fresh.download_for(0) is None
+    sent = [
+        SVDStatePayload(dense={"w": torch.ones(2, 2), "n": torch.tensor(n)}, energy=energy, num_examples=3)
+        for n, energy in ((7, 0.9), (9, 0.8))
+    ]
+    server.aggregate(0, [upload(0, sent[0]), upload(1, sent[1])])
+    assert server.global_student["n"].item() == 8  # counters travel as values: their mean, not 5 + 8
+    restored = FedKDServer()
+    restored.load_server_state(server.server_state())
+    assert restored.metrics() == {"energy": 0.9}
+    assert all(torch.equal(restored.global_student[k], server.global_student[k]) for k in ("w", "n"))
+    download, original = restored.download_for(1), server.download_for(1)
+    assert download.energy == original.energy == 0.9
+    assert all(torch.equal(download.dense[k], original.dense[k]) for k in original.dense)
+    assert all(
+        torch.equal(download.low_rank[k][f], original.low_rank[k][f])
+        for k in original.low_rank
+        for f in ("u", "s", "v")
+    )
+
+
+def test_fedkd_upload_sends_counters_as_values_and_floats_as_updates():
+    """``num_batches_tracked`` travels as its value; the weights as their change since the download."""
+    client = FedKDClient(TinyLinear(), 2, student=TinyLinear(head=SWAP), student_lr=0.5)
+    assert client.num_classes == 2 and client.hp.student_lr == 0.5
+    client.student.register_buffer("steps", torch.tensor(4))
+    client.on_receive(None)
+    with torch.no_grad():
+        client.student.head.weight.add_(1.0)
+        client.student.steps.add_(3)
+    sent = client.make_upload([])
+    assert sent.dense["steps"].item() == 7
+    assert torch.equal(sent.dense["head.weight"], torch.ones(2, 2))
+
+
+def test_fedkd_students_follow_the_shared_seed_and_know_the_class_count():
+    """Every client's student is drawn from ``shared_init_seed``; another seed, another student."""
+
+    def student(seed):
+        client = FedKD(student_model="mlp_tiny", shared_init_seed=seed).build_client(
+            create_model("cnn_tiny", num_classes=3), 3
+        )
+        assert client.num_classes == 3
+        return client.student.state_dict()
+
+    a, b, c = student(0), student(0), student(1)
+    assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)

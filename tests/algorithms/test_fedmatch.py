@@ -145,3 +145,88 @@ def test_fedmatch_local_loss_is_cross_entropy_by_hand():
     loss = client.local_loss((torch.tensor([[1.0, 0.0]]), torch.tensor([0])))
     assert loss.item() == pytest.approx(0.313262, abs=1e-6)
     assert client.make_upload([]) is None and FedMatch().build_server().download_for(0) is None
+
+
+@pytest.mark.parametrize("size", [1, 3, 4])
+def test_cutout_zeroes_the_window_around_centres_drawn_from_the_generator(size):
+    """Row and column centres are drawn in that order from the generator; ``|offset| <= size // 2`` is zeroed."""
+    images = torch.arange(1.0, 1.0 + 3 * 7 * 6).reshape(3, 1, 7, 6)
+    out = Cutout(size)(images, torch.Generator().manual_seed(5))
+    generator = torch.Generator().manual_seed(5)
+    centre_y = torch.randint(0, 7, (3,), generator=generator)
+    centre_x = torch.randint(0, 6, (3,), generator=generator)
+    expected = images.clone()
+    half = size // 2
+    for b in range(3):
+        for r in range(7):
+            for c in range(6):
+                if abs(r - int(centre_y[b])) <= half and abs(c - int(centre_x[b])) <= half:
+                    expected[b, 0, r, c] = 0.0
+    assert torch.equal(out, expected)
+    one = Cutout(size)(images[:1], torch.Generator().manual_seed(5))
+    assert int((one == 0).sum()) >= 1  # a batch of one is cut too
+
+
+def test_cutout_of_size_zero_or_an_empty_batch_changes_nothing():
+    """Size 0 leaves images untouched; an empty batch stays empty; a negative size is refused by value."""
+    images = torch.ones(2, 1, 4, 4)
+    assert Cutout(0)(images, torch.Generator().manual_seed(0)) is images
+    assert Cutout(2)(torch.ones(0, 1, 4, 4), torch.Generator().manual_seed(0)).shape == (0, 1, 4, 4)
+    with pytest.raises(ValueError) as error:
+        Cutout(-1)
+    assert str(error.value) == "cutout size must be >= 0, got -1"
+
+
+@pytest.mark.parametrize(("image_size", "padding", "cutout"), [(8, 1, 4), (32, 4, 16)])
+def test_fedmatch_strong_augment_pads_by_an_eighth_and_cuts_half(image_size, padding, cutout):
+    """Flip, crop after ``max(1, size // 8)`` padding, cutout of ``size // 2``."""
+    from fedhet.algorithms.fedmatch import strong_augment
+
+    assert repr(strong_augment(image_size)) == repr(
+        fedmatch_module.Compose(
+            [
+                fedmatch_module.RandomHorizontalFlip(),
+                fedmatch_module.RandomCropPad(padding),
+                Cutout(cutout),
+            ]
+        )
+    )
+    assert type(strong_augment(image_size).augments[-1].size) is int
+
+
+def test_fedmatch_strong_view_sizes_its_augmentation_by_the_image_width():
+    """The view is ``strong_augment(width)`` seeded by one draw of the global stream (width 16 of an 8 x 16 batch)."""
+    from fedhet.algorithms.fedmatch import strong_augment
+
+    phase = FedMatch().build_collaborative_phase(public_clients(FedMatch()))
+    x = torch.rand(2, 1, 8, 16, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(3)
+    view = phase.strong_view(x)
+    torch.manual_seed(3)
+    seed = int(torch.randint(0, 2**62, (1,)).item())
+    assert torch.equal(view, strong_augment(16)(x, torch.Generator().manual_seed(seed)))
+
+
+def test_fedmatch_threshold_one_is_refused_and_just_below_is_accepted():
+    """A threshold of 1 would never pseudo-label: refused in one line."""
+    FedMatch(threshold=0.99)
+    with pytest.raises(ConfigError) as error:
+        FedMatch(threshold=1.0)
+    assert str(error.value) == "FedMatch: threshold=1.0 is not a number in [0, 1) (1 would never pseudo-label)"
+
+
+def test_fedmatch_a_lone_client_has_no_helper_and_two_help_each_other():
+    """One exchanging client: a zero loss that keeps the graph; two: each one's KL to the other (weight 2)."""
+    phase = FedMatch(pseudo_label_weight=0.0, consistency_weight=2.0).build_collaborative_phase(
+        public_clients(FedMatch())
+    )
+    x = torch.zeros(2, 1, 4, 4)
+    z0 = torch.tensor([[2.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    z1 = torch.tensor([[0.0, 1.0], [3.0, 0.0]])
+    phase.exchanging = [0]
+    (alone,) = phase.distillation_losses([z0], x)
+    assert alone.item() == 0.0 and alone.requires_grad
+    phase.exchanging = [0, 1]
+    first, second = phase.distillation_losses([z0, z1], x)
+    assert first.item() == pytest.approx(2.0 * _kl(F.softmax(z1, 1), z0).item(), abs=1e-6)
+    assert second.item() == pytest.approx(2.0 * _kl(F.softmax(z0.detach(), 1), z1).item(), abs=1e-6)

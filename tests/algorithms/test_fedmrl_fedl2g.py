@@ -87,3 +87,62 @@ def test_fedmrl_refuses_a_coarse_granularity_wider_than_the_client_features():
     """small_feature_dim above a client's feature width cannot be a prefix of its representation."""
     with pytest.raises(ConfigError, match="lower small_feature_dim or raise feature_dim"):
         FedMRL(small_model="cnn_tiny", small_feature_dim=32).build_client(create_model("cnn_tiny", num_classes=M), M)
+
+
+def _fedmrl_client(**hp):
+    return FedMRL(small_model="cnn_tiny", small_feature_dim=8, **hp).build_client(
+        create_model("cnn_tiny", num_classes=M, seed=1), M
+    )
+
+
+def test_fedmrl_small_model_is_the_same_on_every_client_and_follows_its_seed():
+    """Every client starts from one small model drawn from ``shared_init_seed``; another seed, another model."""
+    first, again, other = (_fedmrl_client(shared_init_seed=s) for s in (0, 0, 1))
+    assert first.num_classes == M
+    a, b, c = (client.small.state_dict() for client in (first, again, other))
+    assert all(torch.equal(a[key], b[key]) for key in a)
+    assert not all(torch.equal(a[key], c[key]) for key in a)
+
+
+def test_fedmrl_accepts_a_coarse_granularity_as_wide_as_the_client_features():
+    """``d_2 = d_1`` (16 features of ``cnn_tiny``) nests trivially: the client is built."""
+    algorithm = FedMRL(small_model="cnn_tiny", small_feature_dim=16)
+    client = algorithm.build_client(create_model("cnn_tiny", num_classes=M), M)
+    assert client.projector.out_features == 16
+
+
+def test_fedmrl_client_keeps_its_overrides_and_predicts_by_its_rule():
+    """``prediction="fine"`` answers with the client's head, ``"sum"`` with both heads' logits added."""
+    from fedhet.algorithms.fedmrl import FedMRLClient
+
+    small = create_model("cnn_tiny", num_classes=M, seed=2, feature_dim=8)
+    client = FedMRLClient(create_model("cnn_tiny", num_classes=M, seed=1), M, small, coarse_weight=0.5)
+    assert client.hp.coarse_weight == 0.5 and client.num_classes == M
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    for prediction in ("fine", "sum"):
+        client = _fedmrl_client(prediction=prediction).eval()
+        with torch.no_grad():
+            coarse, fine = client.granularity_logits(x)
+            expected = fine if prediction == "fine" else coarse + fine
+            assert torch.equal(client(x), expected), prediction
+
+
+@pytest.mark.parametrize(("weighting", "expected"), [("samples", 0.75 * 1.0 + 0.25 * 5.0), ("uniform", 3.0)])
+def test_fedmrl_server_averages_small_models_over_architectures_by_its_weighting(weighting, expected):
+    """One small model for all: clients of two architectures are averaged together (by examples or uniformly)."""
+    server = FedMRL(small_weighting=weighting).build_server()
+    initial = {"small.w": torch.zeros(1), "model.v": torch.zeros(1)}
+    server.setup_server(
+        ServerContext(
+            num_clients=2, num_classes=M, architectures=("a", "b"), seed=0, initial_client_state=lambda cid: initial
+        )
+    )
+    server.aggregate(
+        0,
+        [
+            ClientUpload(0, "a", WeightsPayload(weights={"w": torch.tensor([1.0])}, num_examples=30)),
+            ClientUpload(1, "b", WeightsPayload(weights={"w": torch.tensor([5.0])}, num_examples=10)),
+        ],
+    )
+    for client_id in (0, 1):
+        assert server.download_for(client_id).weights["w"].item() == pytest.approx(expected)

@@ -17,6 +17,7 @@ def test_fedproc_client_loss_by_hand_with_round_schedule():
     x, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
     weights = {"body.weight": torch.eye(2), "head.weight": torch.eye(2)}
     # round 0, no prototypes yet: CE of logits x = (log(1 + e^-1) + log(1 + e^-2)) / 2 = 0.220095
+    assert client.local_loss((x, y)).item() == pytest.approx(0.220095, abs=1e-5)  # before any download
     empty, no_counts = torch.zeros(2, 0), torch.zeros(2, dtype=torch.long)
     client.on_receive(WeightsAndPrototypesPayload(weights=weights, prototypes=empty, counts=no_counts))
     assert client.local_loss((x, y)).item() == pytest.approx(0.220095, abs=1e-5)
@@ -104,3 +105,83 @@ def test_fedproc_server_rejects_bad_prototypes():
         server.check_upload(upload(0, not_finite))
     with pytest.raises(TrainingError, match="expected weights and prototypes"):
         server.check_upload(upload(0, WeightsPayload(weights={"w": torch.zeros(2)})))
+
+
+def test_fedproc_contrasts_only_against_the_classes_with_a_prototype():
+    """Class 2 has no global prototype (count 0): its row, however placed, is not among the negatives."""
+    head = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    client = FedProcClient(TinyLinear(head=head), num_classes=3)
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
+    weights = {"body.weight": torch.eye(2), "head.weight": head}
+    prototypes = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    payload = WeightsAndPrototypesPayload(weights=weights, prototypes=prototypes, counts=torch.tensor([1, 1, 0]))
+    client.on_receive(payload)
+    client.round_idx, client.total_rounds = 1, 5
+    ce = torch.nn.functional.cross_entropy(x @ head.T, y)
+    # alpha = 0.75; L_proto over c0 = [1, 0] and c1 = [1, 1] alone is 0.479110 (tests/functional/test_contrastive.py)
+    assert client.local_loss((x, y)).item() == pytest.approx(0.75 * 0.479110 + 0.25 * ce.item(), abs=1e-5)
+
+
+def test_fedproc_client_uploads_int64_counts_and_needs_data():
+    """Counts are int64 (what the server accepts); a client without a batch says why it cannot upload."""
+    client = FedProcClient(TinyLinear(), num_classes=2)
+    sent = client.make_upload([(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))])
+    assert sent.counts.dtype == torch.long and sent.counts.tolist() == [0, 1]
+    with pytest.raises(TrainingError) as error:
+        client.make_upload([])
+    assert str(error.value) == "a FedProc client without training data cannot upload class prototypes"
+
+
+def test_fedproc_builds_its_server_with_the_methods_weighting():
+    """``proto_weighting`` reaches the server the algorithm builds."""
+    from fedhet.algorithms import FedProc
+
+    assert FedProc(proto_weighting="uniform").build_server().hp.proto_weighting == "uniform"
+    assert FedProc().build_server().hp.proto_weighting == "count"
+
+
+def test_fedproc_checks_prototypes_against_the_head_width_and_what_the_client_holds():
+    """Before any prototype exists the width is the global head's input; counts stay within the held examples."""
+    head = {"model.body.weight": torch.eye(2), "model.head.weight": torch.zeros(3, 2)}
+    server = FedProcServer()
+    server.setup_server(context(num_classes=3, initial=head, label_counts=torch.tensor([[2, 2, 2], [1, 0, 0]])))
+    first = server.download_for(0)
+    assert first.prototypes.shape == (3, 0) and first.counts.dtype == torch.long and first.counts.shape == (3,)
+    weights = {"body.weight": torch.eye(2), "head.weight": torch.zeros(3, 2)}
+    counts = torch.tensor([1, 1, 1])
+
+    def refusal(client_id, prototypes, counts=counts):
+        payload = WeightsAndPrototypesPayload(weights=weights, prototypes=prototypes, counts=counts)
+        with pytest.raises(TrainingError) as error:
+            server.check_upload(upload(client_id, payload))
+        return str(error.value)
+
+    accepted = WeightsAndPrototypesPayload(weights=weights, prototypes=torch.zeros(3, 2), counts=counts)
+    server.check_upload(upload(0, accepted))
+    assert refusal(0, torch.zeros(3, 5)).startswith("client 0 sent 'values' of shape (3, 5), expected (3, 2)")
+    assert refusal(0, torch.zeros(2, 2)).startswith("client 0 sent 'values' of shape (2, 2), expected (3, 2)")
+    assert refusal(0, torch.zeros(3, 2, dtype=torch.float64)).startswith(
+        "client 0 sent 'values' as torch.float64 where the server holds torch.float32"
+    )
+    assert refusal(1, torch.zeros(3, 2)) == (
+        "client 1 sent class counts inconsistent with its data (class 1: 1 examples, it holds 0)"
+    )
+
+
+def test_fedproc_without_a_linear_head_takes_the_first_uploads_width():
+    """No head to read a width from: one upload sets it, a second of another width is refused by name."""
+    server = FedProcServer()
+    server.setup_server(context(num_classes=2, initial={"model.w": torch.zeros(1)}))
+
+    def sent(width):
+        return WeightsAndPrototypesPayload(
+            weights={"w": torch.zeros(1)}, prototypes=torch.ones(2, width), counts=torch.tensor([1, 1]), num_examples=1
+        )
+
+    server.aggregate(0, [upload(0, sent(3))])
+    assert server.download_for(0).prototypes.shape == (2, 3)
+    fresh = FedProcServer()
+    fresh.setup_server(context(num_classes=2, initial={"model.w": torch.zeros(1)}))
+    with pytest.raises(TrainingError) as error:
+        fresh.aggregate(0, [upload(0, sent(3)), upload(1, sent(4))])
+    assert str(error.value).startswith("client 1 sent 'values' of shape (2, 4), expected (2, 3)")

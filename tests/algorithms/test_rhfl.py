@@ -157,3 +157,89 @@ def test_rhfl_loop_sends_confidences_from_round_two():
     assert sum(weights) == pytest.approx(1.0, abs=1e-6)
     # logits and targets of 2 rounds x 2 public batches x 3 x 32 x 10 floats, plus 3 losses per round
     assert summary["comm"]["bytes_up"] == 2 * 2 * 3 * 32 * PUBLIC_CLASSES * 4 + 2 * 3 * 4
+
+
+def test_rhfl_server_weighs_as_soon_as_two_clients_have_a_decrease_and_reads_its_beta():
+    """Two returning clients are enough for CCR; ``ccr_beta = 0`` (from the method) gives them equal weights."""
+    for beta in (0.5, 0.0):
+        server = RHFL(ccr_beta=beta).build_server()
+        server.setup_server(context(num_classes=PUBLIC_CLASSES, num_clients=3))
+        server.aggregate(0, _loss_uploads([2.0, 3.0, 1.0])[:2])
+        server.aggregate(1, _loss_uploads([1.0, 2.5, 1.0])[:2])  # q = (1, 0.2): a = 1 + beta * (1, 0.2) / 1.2
+        weights = [float(server.download_for(cid).weight) for cid in range(2)]
+        a = torch.tensor([1.0 + beta / 1.2, 1.0 + beta * 0.2 / 1.2])
+        assert weights == pytest.approx(torch.softmax(a, 0).tolist(), abs=1e-6)  # beta 0.5: (0.582570, 0.417430)
+        assert server.download_for(2) is None
+
+
+def test_rhfl_server_resumes_the_previous_losses():
+    """A restored server computes the next CCR from the losses saved before the interruption."""
+    server = ClientConfidenceServer()
+    server.setup_server(context(num_classes=PUBLIC_CLASSES, num_clients=2))
+    server.aggregate(0, _loss_uploads([2.0, 3.0])[:2])
+    restored = ClientConfidenceServer()
+    restored.load_server_state(server.server_state())
+    for each in (server, restored):
+        each.aggregate(1, _loss_uploads([1.0, 2.0])[:2])
+    assert float(restored.download_for(0).weight) == float(server.download_for(0).weight)
+
+
+def test_rhfl_server_refusals_name_the_client_and_the_problem():
+    """The payload type, a float64 loss and a negative one are refused in one line; a zero loss is accepted."""
+    from fedhet.core.payloads import WeightsPayload
+
+    server = ClientConfidenceServer()
+    server.setup_server(context(num_classes=PUBLIC_CLASSES, num_clients=3))
+
+    def refusal(payload):
+        with pytest.raises(TrainingError) as error:
+            server.check_upload(upload(1, payload))
+        return str(error.value)
+
+    for loss in (0.0, 0.5):
+        server.check_upload(upload(1, PrivateLossPayload(loss=torch.tensor(loss), num_examples=1)))
+    assert refusal(WeightsPayload(weights={})) == "client 1 sent WeightsPayload, expected PrivateLossPayload"
+    assert refusal(PrivateLossPayload(loss=torch.tensor(1.0, dtype=torch.float64))).startswith(
+        "client 1 sent 'loss' as torch.float64 where the server holds torch.float32"
+    )
+    assert refusal(PrivateLossPayload(loss=torch.tensor(-1.0))) == (
+        "client 1 sent an invalid private loss tensor(-1.) (must be a non-negative float)"
+    )
+
+
+def test_rhfl_client_keeps_its_overrides_and_needs_data_to_upload():
+    """A single example is enough to measure the private loss (accumulated in float64); none is an error."""
+    client = RHFLClient(TinyLinear(), 2, sce_alpha=0.3)
+    assert client.hp.sce_alpha == 0.3
+    generator = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(n, 2, generator=generator), torch.arange(n) % 2) for n in (1, 3, 2, 5, 7, 1, 4)]
+    with torch.no_grad():
+        sent = client.make_upload(batches)
+        total = sum(client.local_loss(batch).double() * len(batch[1]) for batch in batches)
+    assert torch.equal(sent.loss, (total / 23).float())
+    assert client.make_upload(batches[:1]).loss.dtype == torch.float32
+    with pytest.raises(TrainingError) as error:
+        client.make_upload([])
+    assert str(error.value) == "RHFL: a client without training data cannot measure its private loss"
+
+
+def test_rhfl_needs_some_weight_on_its_local_loss():
+    """``sce_alpha + sce_beta`` must be positive: any positive split is accepted."""
+    RHFL(sce_alpha=0.1, sce_beta=0.4)
+    with pytest.raises(ConfigError) as error:
+        RHFL(sce_alpha=0.0, sce_beta=0.0)
+    assert str(error.value) == "RHFL: sce_alpha=0.0, sce_beta=0.0 must not both be 0"
+
+
+def test_rhfl_two_participants_learn_from_each_other_and_a_lone_one_learns_nothing():
+    """Two participants without a confidence weigh each other fully (1 / (K - 1) = 1); one alone has a zero loss."""
+    phase = RHFL().build_collaborative_phase(public_clients(RHFL(), ("mlp_tiny", "mlp_tiny")))
+    z0 = torch.tensor([[2.0, 0.0, 0.0]], requires_grad=True)
+    z1 = torch.tensor([[0.0, 1.0, 0.0]])
+    phase.exchanging = [0]
+    (alone,) = phase.distillation_losses([z0], torch.zeros(1))
+    assert alone.item() == 0.0 and alone.requires_grad
+    phase.exchanging = [0, 1]
+    assert phase.peer_confidences().tolist() == [1.0, 1.0]
+    first, _ = phase.distillation_losses([z0, z1], torch.zeros(1))
+    assert first.item() > 0.0

@@ -155,3 +155,44 @@ def test_scaffold_refuses_momentum_and_other_optimizers():
     algorithm = SCAFFOLD()
     assert algorithm.hp.global_lr == 1.0 and algorithm.evaluation == ("clients", "server")
     assert isinstance(algorithm.build_server(), FedAvgServer)
+
+
+def test_scaffold_server_names_each_refusal_in_full():
+    """The payload type, the control variate's keys, shapes and dtype: one line each, naming the client."""
+    from fedhet.core.payloads import WeightsPayload
+
+    server = SCAFFOLD(global_lr=0.5).build_server()
+    assert server.hp.global_lr == 0.5
+    server.setup_server(context(num_clients=2, initial=INITIAL))
+    weights = {"w": torch.zeros(2), "bn.running_mean": torch.zeros(1)}
+
+    def refusal(payload):
+        with pytest.raises(TrainingError) as error:
+            server.check_upload(upload(1, payload))
+        return str(error.value)
+
+    assert refusal(WeightsPayload(weights=weights)) == (
+        "client 1 sent WeightsPayload, expected SCAFFOLD's weights and control variate (ScaffoldPayload)"
+    )
+    assert refusal(ScaffoldPayload(weights=weights, control={})).startswith(
+        "client 1 sent a control variate whose keys differ from the server's c (missing ['w'], unexpected [])"
+    )
+    assert refusal(ScaffoldPayload(weights=weights, control={"w": torch.zeros(3)})).startswith(
+        "client 1 sent 'control.w' of shape (3,), expected (2,)"
+    )
+    assert refusal(ScaffoldPayload(weights=weights, control={"w": torch.zeros(2).double()})).startswith(
+        "client 1 sent 'control.w' as torch.float64 where the server's c holds torch.float32"
+    )
+    with pytest.raises(ConfigError) as error:
+        ScaffoldServer().setup_server(context(num_clients=1, initial={"model.w": torch.zeros(1)}))
+    assert str(error.value) == "SCAFFOLD's server needs SCAFFOLD clients (no 'control_variate' in the client state)"
+
+
+def test_scaffold_client_without_a_download_uploads_a_zero_control_update():
+    """Trained without a download, a client sends its weights and a zero Delta c_i shaped like its parameters."""
+    client = ScaffoldClient(TinyLinear(), num_classes=2, lr=0.1)
+    assert client.num_classes == 2
+    fit(client, one_batch_loader(X, Y))
+    sent = client.make_upload([])
+    assert set(sent.control) == {"body.weight", "head.weight"}
+    assert all(torch.equal(value, torch.zeros(2, 2)) for value in sent.control.values())

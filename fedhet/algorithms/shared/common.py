@@ -278,11 +278,9 @@ class FedAvgServer(SubmoduleAveragingServer):
 
     Uploads are averaged within each architecture (FedDF's per-architecture fusion; with one
     architecture this is FedAvg). Every client receives its architecture's global model, which is
-    also the server-side model evaluated once per evaluation (``acc_server``).
+    also the server-side model evaluated once per evaluation (``acc_server``): the whole model,
+    example-weighted, per architecture, the initial model sent in round 0 (the base's defaults).
     """
-
-    def __init__(self) -> None:
-        super().__init__(MODEL_PREFIX, "samples", per_architecture=True, send_initial=True)
 
 
 class WeightAveraging(Algorithm):
@@ -372,16 +370,20 @@ def head_weights(module_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 SharedWeighting = Literal["samples", "uniform"]
 
 
-def build_shared_model(name: str, num_classes: int, in_channels: int, seed: int, purpose: str) -> nn.Module:
+def build_shared_model(
+    name: str, num_classes: int, in_channels: int, seed: int, purpose: str, **model_kwargs: Any
+) -> nn.Module:
     """A registered model initialised identically on every client (the seed is not per client).
 
-    Shared auxiliary models (FML's meme, FedKD's student) are averaged across clients, so they
-    must start from one initialisation; :func:`fedhet.models.create_model` draws it under its own
-    seed without touching the global RNG.
+    Shared auxiliary models (FML's meme, FedKD's student, FedMRL's small model) are averaged
+    across clients, so they must start from one initialisation; :func:`fedhet.models.create_model`
+    draws it under its own seed without touching the global RNG. ``model_kwargs`` go to the
+    model's constructor (FedMRL's ``feature_dim``).
     """
     from fedhet.models import create_model
 
-    return create_model(name, num_classes=num_classes, in_channels=in_channels, seed=derive_seed(seed, purpose, name))
+    seed = derive_seed(seed, purpose, name)
+    return create_model(name, num_classes=num_classes, in_channels=in_channels, seed=seed, **model_kwargs)
 
 
 @dataclass(frozen=True)
@@ -393,9 +395,6 @@ class SharedModelHparams(LocalOptimizer):
         None, "clip each model's gradient norm separately at this value; None: off"
     )
 
-    def check(self) -> None:
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise ConfigError(f"max_grad_norm={self.max_grad_norm} is not a number > 0 (or null: no clipping)")
 
 
 class SeparatelyClippedClient(ClientModule):

@@ -220,8 +220,10 @@ class GeneratorClassifierPayload(Payload):
         sender: str,
         held: Tensor | None = None,
     ) -> None:
-        """Finite values, the reference layouts (keys, shapes, dtypes), ``[C]`` int64 counts within ``held``."""
-        self.validate(sender)
+        """The reference layouts (keys, shapes, dtypes), ``[C]`` int64 counts within ``held``.
+
+        The values were found finite by :meth:`ClientUpload.expect`, which the server calls first.
+        """
         check_like(sender, "generator", self.generator, generator, "the global generator")
         check_like(sender, "classifier", self.classifier, classifier, "the global classifier")
         check_counts(sender, "label_counts", self.label_counts, num_classes, held, "label counts")
@@ -428,7 +430,7 @@ class GeneratorClassifierServer(TrainableServerPhase):
 
     # ------------------------------------------------------------------ distillation
     def should_refine(self) -> bool:
-        return self.hp.aggregation != "ave" and bool(self.teachers)
+        return bool(self.teachers)  # aggregate() keeps no teacher under ``ave``
 
     def server_dataloader(self, seed: int) -> DataLoader:
         if self.round_counts is None:
