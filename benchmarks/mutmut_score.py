@@ -767,6 +767,24 @@ EQUIVALENT: dict[str, str] = {
        "incremented by 1: float zeros count the same"
        for line in ('self.register_buffer("rounds_aggregated", torch.zeros((), dtype=None))',
                     'self.register_buffer("rounds_aggregated", torch.zeros((), ))')},
+    **{f"fedhet.algorithms.shared.cross_correlation.xǁCrossCorrelationCollaborationǁclient_optimizer: "
+       f"return build_optimizer(client.model.parameters(), \"adam\", self.hp.public_lr, {momentum}, 0.0)":
+       "build_optimizer's Adam takes no momentum argument" for momentum in ("1.0", "None")},
+    **{f"fedhet.algorithms.fml.xǁFMLǁbuild_client: self.hp.meme_model, num_classes, self.image_channels(), "
+       f"self.hp.shared_init_seed, {salt}": "a seed salt: any fixed label derives an equally valid stream (that "
+       "shared_init_seed reaches it is tested)" for salt in ('"XXfml-memeXX"', '"FML-MEME"', "None")},
+    **{f"fedhet.algorithms.fml.xǁSharedModelServerǁ__init__: super().__init__(\"meme.\", {args})":
+       "SubmoduleAveragingServer reads per_architecture and send_initial for truth (None is False) and declares "
+       "send_initial=True"
+       for args in ("self.hp.meme_weighting, per_architecture=None, send_initial=True",
+                    "self.hp.meme_weighting, per_architecture=False, ")},
+    **{f"fedhet.algorithms.fccl.xǁFCCLClientǁ__init__: {line}": "a flag read only through bool() and filled with "
+       "True: float 0 and 1 read the same"
+       for line in ('self.register_buffer("pretrained", torch.zeros((), dtype=None))',
+                    'self.register_buffer("pretrained", torch.zeros((), ))')},
+    "fedhet.algorithms.shared.cross_correlation.xǁCrossCorrelationCollaborationǁcollaborative_losses: "
+    "upload.validate_shape(x.shape[0], classes, None, sender)  # shape, then finite values": "the phase computes "
+    "the similarities itself from [B, p] features, always [B, B - 1]: the skipped check could not fail",
     **{f"fedhet.algorithms.fedmatch.xǁFedMatchPhaseǁdistillation_losses: {line}": "one logit tensor per exchanging "
        "client (public_logits builds both lists from self.exchanging): zip's strict is idle"
        for line in ("for i, (client, z) in enumerate(zip(exchanging, logits, strict=None)):",

@@ -107,10 +107,6 @@ class FCCLClient(PreviousModelClient):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
 
-    def on_train_start(self) -> None:
-        if self.stage != PRETRAIN:
-            super().on_train_start()
-
     def on_train_end(self) -> None:
         if self.stage != PRETRAIN:
             super().on_train_end()

@@ -97,3 +97,22 @@ def test_fccl_pretrains_once_and_collaborates_afterwards(monkeypatch):
         state = loop.store.get(cid)["module"]
         assert bool(state["pretrained"])
         assert not torch.equal(state["pretrained_model.head.weight"], state["model.head.weight"])
+
+
+def test_fccl_pretrains_once_before_the_federation_with_its_own_adam_and_cosine_schedule():
+    """One pretraining phase before the rounds, no exchange: ``pretrain_epochs`` of Adam, cosine to the floor."""
+    from fedhet.algorithms.base import LocalStage, RunPhase
+    from fedhet.algorithms.fccl import PRETRAIN
+
+    assert tuple(FCCL().phases()) == (RunPhase(PRETRAIN, "before", rounds=1, participation=None, exchange=False),)
+    client = FCCLClient(TinyLinear(), 2, pretrain_epochs=1, pretrain_lr=0.3, pretrain_min_lr=0.01)
+    assert client.num_classes == 2 and client.hp.pretrain_lr == 0.3
+    assert not any(p.requires_grad for p in client.pretrained_model.parameters())
+    client.phase = PRETRAIN
+    assert tuple(client.local_stages()) == (LocalStage(PRETRAIN, epochs=1),)
+    client.stage = PRETRAIN
+    config = client.configure_optimizers()
+    schedule = config["lr_scheduler"]
+    assert isinstance(config["optimizer"], torch.optim.Adam) and config["optimizer"].param_groups[0]["lr"] == 0.3
+    assert schedule["interval"] == "epoch"
+    assert (schedule["scheduler"].T_max, schedule["scheduler"].eta_min) == (1, 0.01)

@@ -253,3 +253,83 @@ def test_homogeneous_switch_sets_a_boolean_capability_and_client_zeros_initialis
     assert averaged.capabilities.heterogeneous_models is False and separate.capabilities.heterogeneous_models is True
     assert [averaged.initialisation_of(c) for c in range(3)] == [0, 0, 0]
     assert [separate.initialisation_of(c) for c in range(3)] == [0, 1, 2]
+
+
+def test_public_outputs_refusals_name_the_participant_and_the_field():
+    """Each refusal of an exchanged output is one line naming who sent which field and what was wrong."""
+
+    def refusal(payload, with_similarity=True):
+        with pytest.raises(TrainingError) as error:
+            payload.validate_shape(4, 10, with_similarity, "participant 2")
+        return str(error.value)
+
+    similarity = torch.zeros(4, 3)
+    assert refusal(PublicOutputsPayload(logits=torch.zeros(4, 9), similarity=similarity)).startswith(
+        "participant 2 sent 'logits' of shape (4, 9), expected (4, 10)"
+    )
+    assert refusal(PublicOutputsPayload(logits=torch.zeros(4, 10), similarity=torch.zeros(4, 4))).startswith(
+        "participant 2 sent 'similarity' of shape (4, 4), expected (4, 3)"
+    )
+    assert refusal(PublicOutputsPayload(logits=torch.zeros(4, 10, dtype=torch.long), similarity=similarity)) == (
+        "participant 2 sent 'logits' with dtype torch.int64, expected a floating dtype"
+    )
+    assert refusal(PublicOutputsPayload(logits=torch.full((4, 10), math.inf), similarity=similarity)).startswith(
+        "participant 2 sent non-finite values in 'logits'"
+    )
+    PublicOutputsPayload(logits=torch.zeros(4, 10)).validate_shape(4, 10, False, "participant 2")  # FCCL: no FISL
+
+
+def test_a_dropped_participant_is_left_out_and_the_others_still_collaborate():
+    """Under ``drop`` a participant whose logits exceed the bound is recorded by its own index; the rest exchange."""
+    clients = [FCCLPlusClient(TinyLinear(head=100.0 * torch.eye(2)), 2), FCCLPlusClient(TinyLinear(), 2),
+               FCCLPlusClient(TinyLinear(body=torch.diag(torch.tensor([1.0, 2.0]))), 2)]  # fmt: skip
+    phase = CrossCorrelationCollaboration(clients, fisl_weight=0.0)
+    phase.drop_invalid, phase.value_bound = True, 10.0
+    losses = phase.collaborative_losses(X)
+    assert list(phase.dropped) == [0] and phase.dropped[0].startswith("participant 0 sent")
+    assert losses[0].item() == 0.0 and not losses[0].requires_grad
+    assert losses[1].item() > 0.0 and losses[2].item() > 0.0
+    # per remaining participant and batch: Z (3 x 2) up; FISL off: no similarity bytes
+    assert phase.exchanged_bytes_up == phase.exchanged_bytes_down == 2 * 3 * 2 * 4
+    phase.drop_invalid = False
+    phase.dropped.clear()
+    with pytest.raises(TrainingError, match="^participant 0 sent"):
+        phase.collaborative_losses(X)
+
+
+def test_a_public_batch_of_one_image_is_skipped_and_the_adam_is_fresh_each_step():
+    """One image has no per-dimension std nor a peer to be similar to: the step does nothing."""
+    clients = [FCCLPlusClient(TinyLinear(), 2), FCCLPlusClient(TinyLinear(), 2)]
+    phase = CrossCorrelationCollaboration(clients)
+    before = [p.detach().clone() for p in phase.parameters()]
+    assert phase.training_step((X[:1],), 0) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, phase.parameters(), strict=True))
+    optimizer = phase.client_optimizer(clients[0])
+    assert isinstance(optimizer, torch.optim.Adam) and optimizer.param_groups[0]["weight_decay"] == 0.0
+
+
+def test_only_ready_participants_exchange_and_non_finite_outputs_are_named():
+    """A client not yet pretrained (FCCL) waits; a non-finite output is dropped naming its participant."""
+    from fedhet.algorithms.fccl import FCCLClient
+
+    waiting = FCCLClient(TinyLinear(), 2)  # FCCL pretrains before it collaborates
+    broken = FCCLPlusClient(TinyLinear(head=torch.full((2, 2), math.nan)), 2)
+    plain = [FCCLPlusClient(TinyLinear(), 2) for _ in range(2)]
+    phase = CrossCorrelationCollaboration([waiting, plain[0], broken, plain[1]])
+    assert phase.ready() == [1, 2, 3]
+    phase.drop_invalid = True
+    losses = phase.collaborative_losses(X)
+    assert list(phase.dropped) == [2]
+    assert phase.dropped[2].startswith("participant 2 sent non-finite values in 'logits'")
+    assert losses[0].item() == losses[2].item() == 0.0
+
+
+def test_the_std_epsilon_reaches_fccm():
+    """``std_eps`` is FCCM's: a larger epsilon gives another loss on the same batch."""
+    def loss(std_eps):
+        scaled = TinyLinear(body=torch.diag(torch.tensor([1.0, 2.0])))
+        clients = [FCCLPlusClient(TinyLinear(), 2), FCCLPlusClient(scaled, 2)]
+        phase = CrossCorrelationCollaboration(clients, fisl_weight=0.0, std_eps=std_eps)
+        return phase.collaborative_losses(X)[0].item()
+
+    assert loss(0.5) != pytest.approx(loss(1e-5), rel=1e-3)

@@ -108,3 +108,30 @@ def test_fml_upload_is_the_meme_model(cpu_trainer):
     summary = loop.run()
     assert summary["comm"]["bytes_up"] == 3 * 77662 * 4
     assert summary["comm"]["bytes_down"] == 3 * 77662 * 4  # round 0 already downloads the meme
+
+
+def test_fml_builds_memes_from_its_seed_and_averages_them_by_its_weighting():
+    """Every client's meme starts from ``shared_init_seed``; the server averages memes as the method declares."""
+    def meme(seed):
+        algorithm = FML(meme_model="mlp_tiny", shared_init_seed=seed)
+        client = algorithm.build_client(create_model("cnn_tiny", num_classes=3), 3)
+        assert client.num_classes == 3
+        return client.meme.state_dict()
+
+    a, b, c = meme(0), meme(0), meme(1)
+    assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
+    assert FML(meme_weighting="uniform").build_server().weighting == "uniform"
+    assert FML(meme_weighting="samples").build_server().weighting == "samples"
+
+
+def test_fml_kl_reduction_reaches_the_mutual_losses():
+    """``kl_reduction="mean"`` (HtFLlib's element mean) is what the client's loss uses."""
+    from fedhet.functional import mutual_learning_losses
+
+    client = FMLClient(TinyLinear(), 2, TinyLinear(head=torch.tensor([[0.0, 1.0], [1.0, 0.0]])), kl_reduction="mean")
+    assert client.num_classes == 2
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
+    private, meme = mutual_learning_losses(client.model(x), client.meme(x), y, client.hp.alpha, client.hp.beta, "mean")
+    assert client.local_loss((x, y)).item() == pytest.approx((private + meme).item(), abs=1e-7)
+    batchmean = mutual_learning_losses(client.model(x), client.meme(x), y, client.hp.alpha, client.hp.beta, "batchmean")
+    assert sum(batchmean).item() != pytest.approx((private + meme).item(), abs=1e-7)
