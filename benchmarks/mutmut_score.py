@@ -785,6 +785,24 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.shared.cross_correlation.xǁCrossCorrelationCollaborationǁcollaborative_losses: "
     "upload.validate_shape(x.shape[0], classes, None, sender)  # shape, then finite values": "the phase computes "
     "the similarities itself from [B, p] features, always [B, B - 1]: the skipped check could not fail",
+    **{f"fedhet.algorithms.moon.xǁMoonClientǁ__init__: {line}": "a flag read only through bool() and filled "
+       "with True: float 0 and 1 read the same"
+       for line in ('self.register_buffer("has_previous_model", torch.zeros((), dtype=None))',
+                    'self.register_buffer("has_previous_model", torch.zeros((), ))')},
+    **{f"fedhet.algorithms.moon.xǁMoonClientǁ{where}: self.has_global_model = None": "read only for truth: None "
+       "is False" for where in ("__init__", "load_client_state")},
+    **{f"fedhet.algorithms.moon.xǁProjectedClassifierǁ__init__: nn.ReLU(inplace={value}),": "the ReLU acts on "
+       "the fresh output of the Linear before it, which nothing else reads: in place or not, the same values"
+       for value in ("None", "False")},
+    **{f"fedhet.algorithms.feddyn.xǁFedDynServerǁ__init__: {line}": "SubmoduleAveragingServer weighs by examples "
+       "only for 'samples': any other value averages uniformly, as 'uniform' does"
+       for line in ('self.weighting = "XXuniformXX"', 'self.weighting = "UNIFORM"', "self.weighting = None")},
+    **{f"fedhet.algorithms.feddyn.xǁFedDynServerǁ__init__: {line}": "a placeholder that setup_server() replaces "
+       "(an empty or missing h alike: `if not self.h_by_architecture`)"
+       for line in ("self.h_by_architecture: dict[str, dict[str, Tensor]] = None",
+                    "self.clients_by_architecture: dict[str, int] = None")},
+    "fedhet.algorithms.feddyn.xǁFedDynServerǁaggregate: super().aggregate(None, uploads)  # validates; global <- "
+    "uniform mean of the uploads": "SubmoduleAveragingServer.aggregate does not read round_idx",
     **{f"fedhet.algorithms.fedmatch.xǁFedMatchPhaseǁdistillation_losses: {line}": "one logit tensor per exchanging "
        "client (public_logits builds both lists from self.exchanging): zip's strict is idle"
        for line in ("for i, (client, z) in enumerate(zip(exchanging, logits, strict=None)):",

@@ -196,3 +196,17 @@ def test_feddyn_step_size_knobs_are_searched_with_unchanged_defaults():
     assert (hp.momentum, hp.alpha, hp.lr) == (0.0, 0.01, 0.01)
     with pytest.raises(ConfigError, match="momentum"):
         FedDyn(momentum=1.0)
+
+
+def test_feddyn_regularises_only_towards_a_received_model_and_names_what_its_server_needs():
+    """No download: no centre to pull towards; a server over clients without FedDyn's state is refused by name."""
+    client = FedDynClient(TinyLinear(), 2, alpha=0.5)
+    assert client.num_classes == 2
+    fit(client, one_batch_loader(X, Y))  # reused alone, never given a download: plain cross-entropy
+    client.on_receive(None)
+    assert client.reference == []
+    server = FedDyn(alpha=0.2).build_server()
+    assert server.hp.alpha == 0.2
+    with pytest.raises(ConfigError) as error:
+        server.setup_server(context(num_clients=1, initial={"model.w": torch.zeros(1)}))
+    assert str(error.value) == "FedDyn's server needs FedDyn clients (no 'gradient_state' in the client state)"

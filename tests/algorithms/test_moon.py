@@ -81,3 +81,35 @@ def test_moon_rejects_an_empty_projection_and_a_zero_temperature_in_one_line():
     assert MOON(projection_dim=None).hp.projection_dim is None
     client = MOON(mu=2.0, projection_dim=3).build_client(TinyLinear(), num_classes=2)
     assert isinstance(client.model, ProjectedClassifier) and client.model.num_features == 3 and client.hp.mu == 2.0
+
+
+def test_moon_contrasts_only_against_models_it_received_and_reads_its_knobs():
+    """No download, or a new task without one: CE alone even with a stored local model; ``mu = 1`` still contrasts."""
+    x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    ce = math.log1p(math.exp(-1.0))  # identity model: logits [1, 0]
+    client = MoonClient(TinyLinear(), num_classes=2, mu=1.0, temperature=0.5)
+    assert client.num_classes == 2 and MOON().build_client(TinyLinear(), 2).num_classes == 2
+    client.on_train_end()  # a locally trained model exists, but no global model was ever received
+    assert client.local_loss((x, y)).item() == pytest.approx(ce, abs=1e-6)
+    client.on_receive(WeightsPayload(weights={"body.weight": SWAP, "head.weight": torch.eye(2)}))
+    contrasted = client.local_loss((x, y)).item()
+    assert contrasted != pytest.approx(1.313262, abs=1e-4)  # mu = 1 adds the contrastive term
+    other = MoonClient(TinyLinear(), num_classes=2, mu=1.0, temperature=2.0)
+    other.on_train_end()
+    other.on_receive(WeightsPayload(weights={"body.weight": SWAP, "head.weight": torch.eye(2)}))
+    assert other.local_loss((x, y)).item() != pytest.approx(contrasted, abs=1e-4)  # the temperature reaches it
+    client.load_client_state(client.client_state())  # a new task: the received model is forgotten
+    client.on_receive(None)
+    assert client.local_loss((x, y)).item() == pytest.approx(1.313262, abs=1e-5)  # CE of the stored model
+
+
+def test_moon_projection_head_defaults_to_the_papers_256():
+    """MOON's projection head: ``Linear(p, p)``, ReLU, ``Linear(p, 256)``, then the classifier."""
+    from fedhet.models import create_model
+
+    network = ProjectedClassifier(create_model("cnn_tiny", num_classes=3), 3)
+    assert network.num_classes == 3 and network.num_features == 256
+    layers = [(type(m).__name__, getattr(m, "in_features", None), getattr(m, "out_features", None))
+              for m in network.projection]  # fmt: skip
+    assert layers == [("Linear", 16, 16), ("ReLU", None, None), ("Linear", 16, 256)]
+    assert (network.head.in_features, network.head.out_features) == (256, 3)
