@@ -703,15 +703,19 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.rhfl.xǁRHFLPhaseǁpeer_confidences: weights = [getattr(self.clients[index], \"confidence\", ) "
     "for index in self.exchanging]": "every participant of RHFL's phase is an RHFLClient, whose constructor sets "
     "confidence: the default is never used",
-    **{f"fedhet.algorithms.scaffold.xǁScaffoldServerǁ__init__: {line}": "SubmoduleAveragingServer weighs by "
-       "examples only for 'samples': any other value averages uniformly, as 'uniform' does"
-       for line in ('self.weighting = "XXuniformXX"', 'self.weighting = "UNIFORM"', "self.weighting = None")},
-    **{f"fedhet.algorithms.scaffold.xǁScaffoldServerǁ__init__: {line}": "a placeholder that setup_server() "
-       "replaces (an empty or missing c alike: `if not self.control_by_architecture`)"
-       for line in ("self.control_by_architecture: dict[str, dict[str, Tensor]] = None",
-                    "self.clients_by_architecture: dict[str, int] = None")},
-    "fedhet.algorithms.scaffold.xǁScaffoldServerǁaggregate: super().aggregate(None, uploads)  # global <- uniform "
-    "mean (buffers)": "SubmoduleAveragingServer.aggregate does not read round_idx",
+    # SCAFFOLD's and FedDyn's servers: a uniform average of the buffers plus one per-parameter state per group
+    **{f"fedhet.algorithms.{server}ǁ__init__: {line}": reason
+       for server, state in (("scaffold.xǁScaffoldServer", "control"), ("feddyn.xǁFedDynServer", "h"))
+       for line, reason in (
+           *((f"self.weighting = {value}", "SubmoduleAveragingServer weighs by examples only for 'samples': any "
+              "other value averages uniformly, as 'uniform' does") for value in ('"XXuniformXX"', '"UNIFORM"', "None")),
+           *((line, "a placeholder that setup_server() replaces (it rebuilds an empty or missing state)")
+             for line in (f"self.{state}_by_architecture: dict[str, dict[str, Tensor]] = None",
+                          "self.clients_by_architecture: dict[str, int] = None")))},
+    **{f"fedhet.algorithms.{line}": "SubmoduleAveragingServer.aggregate does not read round_idx" for line in (
+        "scaffold.xǁScaffoldServerǁaggregate: super().aggregate(None, uploads)  # global <- uniform mean (buffers)",
+        "feddyn.xǁFedDynServerǁaggregate: super().aggregate(None, uploads)  # validates; global <- uniform mean of "
+        "the uploads")},
     "fedhet.algorithms.scaffold.xǁScaffoldClientǁ_reset_round: self.correction: list[Tensor] = None  # c - c_i, "
     "fixed during the local update": "read only for truth (on_before_optimizer_step) until on_fit_start sets it: "
     "None and [] are both false",
@@ -794,15 +798,6 @@ EQUIVALENT: dict[str, str] = {
     **{f"fedhet.algorithms.moon.xǁProjectedClassifierǁ__init__: nn.ReLU(inplace={value}),": "the ReLU acts on "
        "the fresh output of the Linear before it, which nothing else reads: in place or not, the same values"
        for value in ("None", "False")},
-    **{f"fedhet.algorithms.feddyn.xǁFedDynServerǁ__init__: {line}": "SubmoduleAveragingServer weighs by examples "
-       "only for 'samples': any other value averages uniformly, as 'uniform' does"
-       for line in ('self.weighting = "XXuniformXX"', 'self.weighting = "UNIFORM"', "self.weighting = None")},
-    **{f"fedhet.algorithms.feddyn.xǁFedDynServerǁ__init__: {line}": "a placeholder that setup_server() replaces "
-       "(an empty or missing h alike: `if not self.h_by_architecture`)"
-       for line in ("self.h_by_architecture: dict[str, dict[str, Tensor]] = None",
-                    "self.clients_by_architecture: dict[str, int] = None")},
-    "fedhet.algorithms.feddyn.xǁFedDynServerǁaggregate: super().aggregate(None, uploads)  # validates; global <- "
-    "uniform mean of the uploads": "SubmoduleAveragingServer.aggregate does not read round_idx",
     **{f"fedhet.algorithms.fedmatch.xǁFedMatchPhaseǁdistillation_losses: {line}": "one logit tensor per exchanging "
        "client (public_logits builds both lists from self.exchanging): zip's strict is idle"
        for line in ("for i, (client, z) in enumerate(zip(exchanging, logits, strict=None)):",
