@@ -590,11 +590,10 @@ EQUIVALENT: dict[str, str] = {
     "None:": "global_prototypes and present are set together (aggregate, load_server_state): both None or neither",
     "fedhet.algorithms.fedproc.xǁFedProcServerǁaggregate: super().aggregate(None, uploads)  # averages the weights":
     "SubmoduleAveragingServer.aggregate does not read round_idx",
-    **{f"fedhet.algorithms.fedmrl.xǁFedMRLServerǁ__init__: super().__init__(\"small.\", {args})":
-       "SubmoduleAveragingServer reads per_architecture and send_initial for truth (None is False) and declares "
-       "send_initial=True"
-       for args in ("self.hp.small_weighting, per_architecture=None, send_initial=True",
-                    "self.hp.small_weighting, per_architecture=False, ")},
+    **{f"fedhet.algorithms.shared.common.xǁSharedSubmoduleServerǁ__init__: super().__init__(self.shared_module + "
+       f"\".\", weighting, {args})": "SubmoduleAveragingServer reads per_architecture and send_initial for truth (None "
+       "is False) and declares send_initial=True"
+       for args in ("per_architecture=None, send_initial=True", "per_architecture=False, ")},
     **{f"fedhet.algorithms.fedmrl.xǁFedMRLǁbuild_client: self.hp.small_model, num_classes, self.image_channels(), "
        f"self.hp.shared_init_seed, {salt}": "a seed salt: any fixed label derives an equally valid stream (that "
        "shared_init_seed reaches it is tested)"
@@ -777,11 +776,6 @@ EQUIVALENT: dict[str, str] = {
     **{f"fedhet.algorithms.fml.xǁFMLǁbuild_client: self.hp.meme_model, num_classes, self.image_channels(), "
        f"self.hp.shared_init_seed, {salt}": "a seed salt: any fixed label derives an equally valid stream (that "
        "shared_init_seed reaches it is tested)" for salt in ('"XXfml-memeXX"', '"FML-MEME"', "None")},
-    **{f"fedhet.algorithms.fml.xǁSharedModelServerǁ__init__: super().__init__(\"meme.\", {args})":
-       "SubmoduleAveragingServer reads per_architecture and send_initial for truth (None is False) and declares "
-       "send_initial=True"
-       for args in ("self.hp.meme_weighting, per_architecture=None, send_initial=True",
-                    "self.hp.meme_weighting, per_architecture=False, ")},
     **{f"fedhet.algorithms.fccl.xǁFCCLClientǁ__init__: {line}": "a flag read only through bool() and filled with "
        "True: float 0 and 1 read the same"
        for line in ('self.register_buffer("pretrained", torch.zeros((), dtype=None))',

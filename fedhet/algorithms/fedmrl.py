@@ -40,22 +40,22 @@ the paper where the two differ:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase, hparams_for
+from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase
 from fedhet.algorithms.shared.common import (
+    SharedSubmoduleServer,
     SharedWeighting,
-    SubmoduleAveragingServer,
     SubmoduleSharingClient,
     build_shared_model,
 )
 from fedhet.core.payloads import WeightsPayload
 from fedhet.errors import ConfigError
 from fedhet.functional.matryoshka import matryoshka_loss, nested_prefixes
-from fedhet.hparams import Hyperparameters, LocalOptimizer, NonNegativeFloat, PositiveInt, knob, log_uniform
+from fedhet.hparams import LocalOptimizer, NonNegativeFloat, PositiveInt, knob, log_uniform
 
 Prediction = Literal["fine", "sum"]
 
@@ -126,19 +126,12 @@ class FedMRLClient(SubmoduleSharingClient):
         return matryoshka_loss(logits, y, [self.hp.coarse_weight, self.hp.fine_weight])
 
 
-class FedMRLServer(SubmoduleAveragingServer):
-    """Averages the small models of every participant (one group whatever the architectures).
+class FedMRLServer(SharedSubmoduleServer):
+    """Averages the small models of every participant (one group whatever the architectures)."""
 
-    Args:
-        hp: the method's hyperparameters (``None``: the declared defaults).
-        **overrides: single hyperparameters by name, applied on top of ``hp``.
-    """
-
-    Hparams: ClassVar[type[Hyperparameters]] = FedMRLHparams
-
-    def __init__(self, hp: Any = None, **overrides: Any) -> None:
-        self.hp: Any = hparams_for(type(self), hp, overrides)
-        super().__init__("small.", self.hp.small_weighting, per_architecture=False, send_initial=True)
+    Hparams = FedMRLHparams
+    shared_module = "small"
+    weighting_knob = "small_weighting"
 
 
 class FedMRL(Algorithm):

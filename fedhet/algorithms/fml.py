@@ -32,23 +32,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase, hparams_for
+from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule, ServerPhase
 from fedhet.algorithms.shared.common import (
     SeparatelyClippedClient,
     SharedModelHparams,
+    SharedSubmoduleServer,
     SharedWeighting,
-    SubmoduleAveragingServer,
     SubmoduleSharingClient,
     build_shared_model,
 )
 from fedhet.core.payloads import WeightsPayload
 from fedhet.functional import mutual_learning_losses
 from fedhet.functional.mutual_learning import KLReduction
-from fedhet.hparams import Hyperparameters, PositiveFloat, UnitInterval, knob, uniform
+from fedhet.hparams import PositiveFloat, UnitInterval, knob, uniform
 
 
 @dataclass(frozen=True)
@@ -100,19 +100,12 @@ class FMLClient(SubmoduleSharingClient, SeparatelyClippedClient):
         yield list(self.meme.parameters())
 
 
-class SharedModelServer(SubmoduleAveragingServer):
-    """FedAvg of the clients' meme models, one average over every client (``hp.meme_weighting``).
+class SharedModelServer(SharedSubmoduleServer):
+    """FedAvg of the clients' meme models, one average over every client (``hp.meme_weighting``)."""
 
-    Args:
-        hp: the method's hyperparameters (``None``: the declared defaults).
-        **overrides: single hyperparameters by name, applied on top of ``hp``.
-    """
-
-    Hparams: ClassVar[type[Hyperparameters]] = FMLHparams
-
-    def __init__(self, hp: Any = None, **overrides: Any) -> None:
-        self.hp: Any = hparams_for(type(self), hp, overrides)
-        super().__init__("meme.", self.hp.meme_weighting, per_architecture=False, send_initial=True)
+    Hparams = FMLHparams
+    shared_module = "meme"
+    weighting_knob = "meme_weighting"
 
 
 class FML(Algorithm):

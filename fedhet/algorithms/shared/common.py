@@ -273,6 +273,29 @@ class FedAvgClient(SubmoduleSharingClient):
     shared_module = "model"
 
 
+class SharedSubmoduleServer(SubmoduleAveragingServer):
+    """One average of a shared sub-model over every client, whatever their architectures.
+
+    The server of methods whose heterogeneous clients each carry one shared homogeneous model
+    (FML's meme, FedMRL's small model): subclasses name the method's ``Hparams``, the
+    ``shared_module`` (the clients' attribute, also their ``shared_module``) and the
+    ``weighting_knob`` holding ``"samples"`` or ``"uniform"``; the initial model is sent in round 0.
+
+    Args:
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
+    """
+
+    Hparams: ClassVar[type[Hyperparameters]]
+    shared_module: ClassVar[str]
+    weighting_knob: ClassVar[str]
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
+        self.hp: Any = hparams_for(type(self), hp, overrides)
+        weighting = getattr(self.hp, self.weighting_knob)
+        super().__init__(self.shared_module + ".", weighting, per_architecture=False, send_initial=True)
+
+
 class FedAvgServer(SubmoduleAveragingServer):
     """Holds the global model of each architecture; aggregates by example-weighted averaging.
 
