@@ -47,6 +47,35 @@ def peak_rss_gb(pid: int | str = "self") -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
+def tree_pss_gb(root: int | None = None) -> float:
+    """Proportional set size of ``root`` (default: this process) and every process below it, in GB.
+
+    Peak RSS summed over processes counts each page shared between them (the torch and Ray
+    libraries every worker maps, Ray's object store) once per process; the PSS of a page is its
+    size divided by the number of processes mapping it, so the tree's sum counts what the tree
+    holds once, and Ray's raylet and object store (children of the driver) count too. It is a
+    snapshot, not a peak (the kernel keeps no peak PSS); only meaningful when no process outside
+    the tree maps the same libraries (no other torch job running: their share would be divided
+    away).
+    """
+    root = os.getpid() if root is None else root
+    total_kb = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        ancestor = int(entry.name)
+        while ancestor > 1 and ancestor != root:
+            ancestor = _parent(ancestor)
+        if ancestor != root:
+            continue
+        try:
+            rollup = (entry / "smaps_rollup").read_text()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        total_kb += next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
+    return total_kb / 1024**2
+
+
 def _parent(pid: int) -> int:
     """The parent process id of ``pid`` (0 when it is gone)."""
     try:

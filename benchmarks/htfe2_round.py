@@ -15,7 +15,10 @@ the same invocation: round 0 is a warm-up (modules built, Ray's actors warmed up
 ``--rounds`` timed rounds. Reported per configuration: median round time, rounds per hour, the
 share of the round spent outside client compute (1 - (seconds inside the client runtime's fit and
 evaluation, summed over clients, divided by the workers) / round time: what the loop, transfers
-and waiting add), peak RSS (driver, plus every Ray worker's), start-up time. The 1-thread
+and waiting add), peak RSS (driver, plus every Ray worker's), the PSS of the driver and every
+process below it (Ray's workers, raylet and object store; shared pages counted once; the largest
+of the snapshots taken at the end of each round, when every state is held), start-up time. The
+memory line compares Ray with the sequential executor both ways. The 1-thread
 configurations must end with identical client weights (per-client seeding); the script checks it.
 The last line is the headline, e.g. ``ray (2 workers) / sequential (1 thread) round time ratio 0.55``.
 
@@ -40,7 +43,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _measure import family_architectures, htfllib_scenario, load, peak_rss_gb, ray_worker_pids, report, run_child
+from _measure import (
+    family_architectures,
+    htfllib_scenario,
+    load,
+    peak_rss_gb,
+    ray_worker_pids,
+    report,
+    run_child,
+    tree_pss_gb,
+)
 
 COMPUTE_KEY = "bench/compute_s"
 LABELS = {"seq1": "sequential (1 thread)", "seq2": "sequential (2 threads)", "ray": "ray (2 workers)"}
@@ -178,7 +190,7 @@ def run_configuration(name: str, args: argparse.Namespace) -> dict:
     seconds = [0.0]
     collect(loop.executor, seconds)
     startup_s = time.perf_counter() - started
-    rounds, computes, fits, evals = [], [], [], []
+    rounds, computes, fits, evals, pss = [], [], [], [], []
     try:
         for round_idx in range(args.rounds + 1):
             seconds[0] = 0.0
@@ -187,6 +199,7 @@ def run_configuration(name: str, args: argparse.Namespace) -> dict:
             elapsed = time.perf_counter() - round_started
             loop.history.append(record)
             loop.next_round = round_idx + 1
+            pss.append(tree_pss_gb())  # every state of the round held: the driver's store, the workers' own
             if round_idx > 0:
                 rounds.append(elapsed)
                 computes.append(seconds[0])
@@ -208,10 +221,16 @@ def run_configuration(name: str, args: argparse.Namespace) -> dict:
         "steps_per_round": steps if args.max_steps < 0 else args.max_steps * loop.scenario.num_clients,
         "driver_peak_rss_gb": round(peak_rss_gb(), 3),
         "worker_peak_rss_gb": [round(x, 3) for x in worker_rss],
+        "tree_pss_gb": round(max(pss), 3),
         "acc_local": loop.history[-1].get("acc_local"),
         "weights": weights_digest(loop),
         **traffic,
     }
+
+
+def summed_rss_gb(result: dict) -> float:
+    """The driver's peak RSS plus every Ray worker's (pages they share are counted once per process)."""
+    return result["driver_peak_rss_gb"] + sum(result["worker_peak_rss_gb"])
 
 
 def spawn(name: str, args: argparse.Namespace) -> dict:
@@ -256,8 +275,11 @@ def main() -> None:
         results[name] = spawn(name, args)
         print(f"  {LABELS[name]:24s} rounds {' '.join(f'{t:.2f}' for t in results[name]['round_s'])} s; {load()}")
     print()
-    print("| configuration | round s (median) | rounds / hour | outside client compute | peak RSS GB | start-up s |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| configuration | round s (median) | rounds / hour | outside client compute | peak RSS GB "
+        "| PSS GB (all processes, largest at a round's end) | start-up s |"
+    )
+    print("|---|---|---|---|---|---|---|")
     medians = {}
     for name, result in results.items():
         median = statistics.median(result["round_s"])
@@ -266,11 +288,11 @@ def main() -> None:
             1.0 - (compute / result["workers"]) / total
             for compute, total in zip(result["compute_s"], result["round_s"], strict=True)
         )
-        rss = result["driver_peak_rss_gb"] + sum(result["worker_peak_rss_gb"])
+        rss = summed_rss_gb(result)
         detail = f" (driver {result['driver_peak_rss_gb']:.2f} + workers)" if result["worker_peak_rss_gb"] else ""
         print(
             f"| {LABELS[name]} | {median:.2f} | {3600 / median:.0f} | {100 * outside:.1f} % | {rss:.2f}{detail} "
-            f"| {result['startup_s']:.1f} |"
+            f"| {result['tree_pss_gb']:.2f} | {result['startup_s']:.1f} |"
         )
     steps = next(iter(results.values()))["steps_per_round"]
     if "ray" in results and results["ray"].get("states_kept") is not None:
@@ -286,6 +308,14 @@ def main() -> None:
         print(f"client weights after {args.rounds + 1} rounds identical, sequential (1 thread) and ray: {same}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+    sequential = [name for name in ("seq1", "seq2") if name in results]
+    if "ray" in results and sequential:
+        base = results[sequential[0]]
+        print(
+            f"ray / {LABELS[sequential[0]]} memory: peak RSS summed over processes "
+            f"{summed_rss_gb(results['ray']) / summed_rss_gb(base):.2f}, "
+            f"PSS of all processes {results['ray']['tree_pss_gb'] / base['tree_pss_gb']:.2f} (goal: at most 2)"
+        )
     if "ray" in medians and "seq1" in medians:
         print(f"ray (2 workers) / sequential (1 thread) round time ratio {medians['ray'] / medians['seq1']:.2f}")
 

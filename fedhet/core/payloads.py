@@ -13,6 +13,7 @@ none does.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,30 +64,36 @@ class Payload:
         Raises:
             TrainingError: naming the sender, the field and the problem.
         """
-        floating = []
         for name, tensor in self.tensors():
             if tensor.is_complex():
                 raise TrainingError(f"{sender} sent field '{name}' with unsupported dtype {tensor.dtype}")
-            if tensor.is_floating_point():
-                floating.append((name, tensor))
-        if not floating:
+        # the largest magnitude is NaN or inf exactly when some value is; the per-field search runs
+        # only when it is
+        if math.isfinite(self.largest_magnitude()):
             return
-        # one fused check over everything; the per-field search runs only when it fails
-        if bool(torch.isfinite(torch.cat([t.reshape(-1).float() for _, t in floating])).all()):
-            return
-        name = next(n for n, t in floating if not bool(torch.isfinite(t).all()))
+        name = next(n for n, t in self.tensors() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
         raise TrainingError(
             f"{sender} sent non-finite values in '{name}' (training diverged?); "
             "lower the learning rate or enable gradient clipping (--trainer.gradient_clip_val)"
         )
 
     def largest_magnitude(self) -> float:
-        """The largest magnitude among the floating values carried (0 when there are none)."""
-        floating = [t.detach() for _, t in self.tensors() if t.is_floating_point() and t.numel()]
-        if not floating:
-            return 0.0
-        # fused over all tensors, accumulated in float64 (this runs for every upload and exchange)
-        return float(torch.stack(torch._foreach_norm(floating, float("inf"), dtype=torch.float64)).max())
+        """The largest magnitude among the floating values carried (0 when there are none; NaN or inf if any is).
+
+        Computed once per payload (one fused reduction over all tensors, accumulated in float64) and
+        kept: a payload is frozen and the loop screens it several times (:meth:`validate`, the value
+        bound, the server's own checks); its tensors are never changed in place once it is sent.
+        """
+        cached = self.__dict__.get("_largest_magnitude")
+        if cached is None:
+            floating = [t.detach() for _, t in self.tensors() if t.is_floating_point() and t.numel()]
+            cached = (
+                float(torch.stack(torch._foreach_norm(floating, float("inf"), dtype=torch.float64)).max())
+                if floating
+                else 0.0
+            )
+            self.__dict__["_largest_magnitude"] = cached
+        return cached
 
     def check_value_bound(self, bound: float | None, sender: str = "client") -> float:
         """Refuse a payload carrying a value larger in magnitude than ``bound`` (``federation.upload_value_bound``).

@@ -34,7 +34,7 @@ from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
 from fedhet.federation.lr_schedule import LRSchedule, RoundLRScale
 from fedhet.federation.state import ClientState
-from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate, apply_memory_format
+from fedhet.federation.trainer import OptimizerStateCarrier, TrainerTemplate, apply_memory_format, on_device
 from fedhet.seeding import derive_seed, seeded
 
 #: The phase name of the federated rounds themselves.
@@ -382,7 +382,7 @@ class ClientRuntime:
     def _make_upload(self, module: ClientModule, client_id: int) -> Payload | None:
         train = self.scenario.client_data(client_id).train
         # make_upload runs in eval mode without gradients by contract (ClientModule guards every override)
-        upload = module.to(self.device).make_upload(self._batches_on_device(train))
+        upload = on_device(module, self.device).make_upload(self._batches_on_device(train))
         if upload is None:
             return None
         return dataclasses.replace(upload.to("cpu"), num_examples=len(train))
@@ -486,7 +486,7 @@ class ClientRuntime:
         from fedhet.metrics import topk_correct
 
         was_training = model.training
-        model.to(self.device).eval()
+        on_device(model, self.device).eval()
         results = []
         for data in eval_sets:
             correct = torch.zeros(2, dtype=torch.float64)

@@ -53,6 +53,19 @@ def apply_memory_format(module: torch.nn.Module, memory_format: MemoryFormat) ->
     return module
 
 
+def on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``module.to(device)`` unless its parameters are already there; returns it.
+
+    ``Module.to`` walks every submodule, parameter and buffer even when nothing moves (about
+    1.4 ms for a small ResNet); the runtime's live modules stay on the device between fits,
+    uploads and evaluations, so the walk is skipped when the first parameter is already there.
+    """
+    first = next(module.parameters(), None)
+    if first is None or first.device != device:
+        module.to(device)
+    return module
+
+
 _DISCOVERY_CACHED = False
 
 
@@ -133,9 +146,7 @@ class ResidentDeviceStrategy(SingleDeviceStrategy):
 
     def model_to_device(self) -> None:
         assert self.model is not None
-        first = next(self.model.parameters(), None)
-        if first is None or first.device != self.root_device:
-            super().model_to_device()
+        on_device(self.model, self.root_device)
         apply_memory_format(self.model, self.memory_format)
 
     def teardown(self) -> None:
