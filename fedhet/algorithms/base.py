@@ -407,6 +407,15 @@ class ClientModule(pl.LightningModule):
     def on_receive(self, download: Payload | None) -> None:
         """Take what the server sent this round (``None`` before the server has anything)."""
 
+    def download_replaces_state(self, download: Payload | None) -> bool:
+        """Whether :meth:`on_receive` of ``download`` overwrites everything :meth:`client_state` holds.
+
+        When it does, a client's own initial state is never seen in a round that starts with that
+        download, and the runtime does not build it (a model initialisation per client at first
+        touch). Default: ``False`` (not known).
+        """
+        return False
+
     def make_upload(self, train_batches: Iterable[Batch]) -> Payload | None:
         """What leaves the client after local training; ``train_batches`` is its training set in eval order.
 

@@ -320,9 +320,16 @@ class ClientRuntime:
         return {"module": clone_state(cached[1]), "optimizer": None}
 
     def _load(self, module: ClientModule, task: ClientTask, apply_download: bool = True) -> ClientState:
-        """Materialise a client in ``module``: its kept state, then (optionally) the download."""
-        state = task.state if task.state is not None else self.initial_state(task.client_id)
-        module.load_client_state(state["module"])
+        """Materialise a client in ``module``: its kept state, then (optionally) the download.
+
+        A client without a kept state whose download overwrites all of it (FedAvg's first round)
+        is materialised from the download alone: its own initialisation would not survive it.
+        """
+        if task.state is None and apply_download and module.download_replaces_state(task.download):
+            state: ClientState = {"module": {}, "optimizer": None}
+        else:
+            state = task.state if task.state is not None else self.initial_state(task.client_id)
+            module.load_client_state(state["module"])
         module.round_idx, module.total_rounds, module.phase = task.round_idx, self.rounds, task.phase
         if apply_download:
             module.on_receive(task.download)

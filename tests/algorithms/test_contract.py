@@ -16,7 +16,7 @@ from fedhet.algorithms import ALGORITHMS, list_algorithms
 from fedhet.errors import ConfigError
 from fedhet.federation import FederationLoop
 from fedhet.federation.runtime import ClientTask
-from tests.algorithms.helpers import tiny_family, tiny_loop
+from tests.algorithms.helpers import state_digests, tiny_family, tiny_loop
 from tests.conftest import SCENARIOS
 
 # Every method runs on the tiny family of its kind (heterogeneous: tiny2, else tiny_homo) on each
@@ -79,3 +79,32 @@ def test_feature_methods_need_one_feature_dim(cpu_trainer):
     scenario.setup()
     with pytest.raises(ConfigError, match="feature_dim"):
         FederationLoop(ALGORITHMS["fedproto"](), scenario, ["cnn_tiny", "mlp_tiny", "cnn_tiny"], cpu_trainer, rounds=1)
+
+
+@pytest.mark.parametrize("name", list_algorithms())
+def test_a_download_said_to_replace_the_client_state_replaces_all_of_it(name, cpu_trainer):
+    """Where a client says its first download overwrites its whole state, its own initialisation never shows.
+
+    The runtime then materialises the client from the download alone (no model built per client):
+    the client's state after the download must be the same bit for bit whatever it held before.
+    """
+    loop = tiny_loop(name, trainer=cpu_trainer)
+    claims = []
+    for client_id in range(loop.scenario.num_clients):
+        download = loop.server.download_for(client_id)
+        module = loop.runtime.module(loop.architectures[client_id])
+        if not module.download_replaces_state(download):
+            continue
+        claims.append(client_id)
+        module.load_client_state(loop.runtime.initial_state(client_id)["module"])
+        module.on_receive(download)
+        from_own_initialisation = state_digests(module.client_state())
+        with torch.no_grad():
+            for tensor in module.client_state().values():
+                tensor.fill_(7)
+        module.on_receive(download)
+        assert state_digests(module.client_state()) == from_own_initialisation
+    # the property holds for FedAvg's family and not for a partial download (FedBN keeps its BatchNorm)
+    expected = {"fedavg": True, "fedprox": True, "fedbn": False, "scaffold": False, "moon": False, "fedproto": False}
+    if name in expected:
+        assert bool(claims) == expected[name]

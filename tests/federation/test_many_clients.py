@@ -50,7 +50,7 @@ def _loop(scenario, tmp_path, rounds, participation, callbacks=()):
 
 
 def test_a_round_of_2000_clients_touches_only_its_participants(tmp_path, monkeypatch):
-    """2,000 clients at 1 %: 20 clients generated, initialised, trained, evaluated, stored; none of the others."""
+    """2,000 clients at 1 %: 20 clients generated, trained, evaluated, stored; none of the others."""
     initialised: list[int] = []
     original = ClientRuntime.initial_state
 
@@ -67,8 +67,9 @@ def test_a_round_of_2000_clients_touches_only_its_participants(tmp_path, monkeyp
     participants = sorted(loop._participants)
     assert len(participants) == 20 and record["clients"] == 20
     assert scenario.generated_clients == 20  # fit and evaluation of the same 20 (cached between them)
-    # the participants' first states, plus client 0's once: FedAvg's server starts from it
-    assert sorted(set(initialised) - {0}) == [c for c in participants if c != 0] and len(initialised) <= 21
+    # client 0's initial state only, for FedAvg's server to start from: the participants are
+    # materialised from their first download, which replaces all of a FedAvg client's state
+    assert set(initialised) == {0}
     assert record["eval/clients"] == 20.0
     evaluated = {int(k.split("/")[1]) for k in record if k.startswith("client/") and k.endswith("/acc_local")}
     assert evaluated == set(participants)

@@ -106,6 +106,13 @@ class SubmoduleSharingClient(ClientModule):
             # a download may cover part of the sub-module (FedBN): the rest stays the client's own
             copy_state_into(self.shared(), {**self.shared().state_dict(), **download.weights})
 
+    def download_replaces_state(self, download: Payload | None) -> bool:
+        """True when the client keeps nothing but the shared sub-module and ``download`` holds all of it (FedAvg)."""
+        if not isinstance(download, WeightsPayload):
+            return False
+        prefix = self.shared_module + "."
+        return set(self.client_state()) == {prefix + key for key in download.weights}
+
     def make_upload(self, train_batches: Iterable[Batch]) -> Payload | None:
         return WeightsPayload(weights=clone_state(self.shared_state()))
 
