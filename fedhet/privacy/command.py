@@ -111,11 +111,17 @@ def run_attack(args: Sequence[str]) -> dict[str, Any]:
             "environment": run_environment(),
         }  # fmt: skip
         directory.write_summary(summary)
-    except KeyboardInterrupt as exc:  # an attack keeps no checkpoint: it starts again (fedhet bench does so itself)
-        exc.next_step = f"delete {directory.path} and rerun the same command"  # type: ignore[attr-defined]
+    except BaseException as exc:
+        # An attack keeps no checkpoint, so what it wrote before failing serves no rerun, and would
+        # make the same command refuse the directory as not empty: it goes (the directory too, if
+        # this attack made it), and the same command can simply run again.
+        for written in (directory.metrics_path, directory.config_path):
+            written.unlink(missing_ok=True)
+        directory.release()
+        if isinstance(exc, KeyboardInterrupt):
+            exc.next_step = "rerun the same command (an attack keeps no checkpoint)"  # type: ignore[attr-defined]
         raise
-    finally:
-        directory.unlock()
+    directory.unlock()
     return {**summary, "run_dir": str(directory.path)}
 
 

@@ -10,7 +10,8 @@ import torch
 
 from fedhet.bench import Cell, aggregate, cell_state, load_run, run_metrics
 from fedhet.cli import main
-from fedhet.privacy.attack import AttackSettings, attack_cell
+from fedhet.errors import TrainingError
+from fedhet.privacy.attack import KNOWLEDGES, AttackSettings, attack_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/attacks/fedmdcg_table2.yaml"
@@ -136,3 +137,33 @@ def test_attack_help_and_the_command_list(capsys):
     assert "  attack    one gradient-inversion cell" in capsys.readouterr().out
     assert main(["atack"]) == 2
     assert "did you mean 'attack'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "message"),
+    [
+        (TrainingError("the dummy image diverged"), 2, "the dummy image diverged"),
+        (KeyboardInterrupt(), 130, "interrupted; rerun the same command (an attack keeps no checkpoint)"),
+    ],
+)
+def test_a_failed_attack_leaves_nothing_and_the_same_command_runs_again(
+    failure, code, message, tmp_path, capsys, monkeypatch
+):
+    """An attack that fails or is interrupted removes what it wrote; the same --run_dir then takes a new attack."""
+    import fedhet.privacy.command as command
+
+    def failing(settings, seed):
+        raise failure
+
+    made, given = tmp_path / "made" / "run", tmp_path / "given"
+    given.mkdir()  # an empty directory the user made: kept, and empty again
+    monkeypatch.setattr(command, "attack_cell", failing)
+    for run_dir in (made, given):
+        assert main(["attack", "--target", "fedavg", "--run_dir", str(run_dir)]) == code
+        assert message in capsys.readouterr().err
+    assert not made.exists() and given.is_dir() and not any(given.iterdir())
+    digit = {"index": 7, **{f"{kind}_{k}": 1.0 for kind in ("psnr", "matching_loss") for k in KNOWLEDGES}}
+    monkeypatch.setattr(command, "attack_cell", lambda settings, seed: [digit])
+    for run_dir in (made, given):
+        assert main(["attack", "--target", "fedavg", "--run_dir", str(run_dir)]) == 0
+        assert cell_state(run_dir) == "complete"
