@@ -126,7 +126,11 @@ def _each_occurrence(line: str, old: str, news: tuple[str, ...]) -> set[str]:
 
 
 def _implicit_dim(line: str) -> set[str]:
-    return _each_occurrence(line, "dim=1", ("dim=None", "")) if "softmax(" in line or "normalize(" in line else set()
+    if "softmax(" not in line and "normalize(" not in line:
+        return set()
+    positional = {variant for old in re.findall(r"softmax\([\w.]+, 1\)", line)
+                  for variant in _each_occurrence(line, old, (old[:-2] + "None)", old[:-2] + ")"))}  # fmt: skip
+    return _each_occurrence(line, "dim=1", ("dim=None", "")) | positional
 
 
 def _default_device(line: str) -> set[str]:
@@ -184,6 +188,23 @@ RULES = (
 #: Other surviving mutants judged equivalent, keyed by the mutated function and the mutated line
 #: (:func:`equivalence_key`: stable when mutmut renumbers), with the reason.
 EQUIVALENT: dict[str, str] = {
+    **{f"fedhet.algorithms.fedtgp.xǁFedTGPClientǁ{function}: {line}": reason for function, line, reason in (
+        ("forward", 'if self.hp.prediction == "head" or self.global_means is None and self.global_present is None:',
+         "on_receive sets global_means and global_present together (both None before a download): one test is both"),
+        ("local_loss", "if self.global_means is not None or self.global_present is not None:",
+         "on_receive sets global_means and global_present together (both None before a download): one test is both"),
+        ("forward", "means, present = self.global_on(None)", CPU_ONLY),
+        ("local_loss", "means, present = self.global_on(None)", CPU_ONLY),
+        ("forward", 'return (-pairwise_distances(features, means).pow(2)).masked_fill(~present, float("-INF"))',
+         "float() reads 'inf' in any case: float('-INF') is float('-inf')"))},
+    "fedhet.algorithms.fedtgp.xǁFedTGPServerǁaggregate: super().aggregate(None, uploads)":
+        "PrototypeTrainingServer.aggregate does not read round_idx",
+    "fedhet.algorithms.fedtgp.xǁFedTGPServerǁaggregate: self.seen |= present.to(None)": CPU_ONLY,
+    **{f"fedhet.algorithms.fedtype.xǁFedTypeǁbuild_server: {line}": reason for line, reason in (
+        ('return SubmoduleAveragingServer("proxy.", self.hp.proxy_weighting, per_architecture=None, send_initial=True)',
+         "None is falsy: one average over every client, as with False"),
+        ('return SubmoduleAveragingServer("proxy.", self.hp.proxy_weighting, per_architecture=False, )',
+         "SubmoduleAveragingServer's send_initial defaults to True: the same server"))},
     "fedhet.functional.fccl.x_fccm_loss: off_mask = ~torch.eye(matrix.shape[1], dtype=torch.bool, "
     "device=matrix.device)": "the cross-correlation matrix is square (C x C): shape[1] == shape[0]",
     **{f"fedhet.functional.aggregation.x_aggregate_class_means: {line}": reason for line, reason in (

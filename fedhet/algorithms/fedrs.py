@@ -26,7 +26,7 @@ Deviations from paper/official code:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,21 +80,12 @@ class FedRSClient(FedAvgClient):
         super().__init__(model, num_classes, hp, **overrides)
         # Persisted in client_state: all zeros until the first local fit counts the labels.
         self.register_buffer("class_counts", torch.zeros(num_classes, dtype=torch.long))
-        self.fit_scale: Tensor | None = None  # alpha_c of the current fit, fixed once counts are known
-
-    def load_client_state(self, state: Mapping[str, Tensor]) -> None:
-        super().load_client_state(state)
-        self.fit_scale = None
 
     def on_train_start(self) -> None:
         if int(self.class_counts.sum()) == 0:
             loader = self.trainer.train_dataloader
             if loader is not None:
                 self.class_counts.copy_(label_counts(loader, self.num_classes))
-        self.fit_scale = self.logit_scale()
-
-    def on_train_end(self) -> None:
-        self.fit_scale = None
 
     def logit_scale(self) -> Tensor:
         """``alpha_c`` per class (all ones while the class counts are unknown)."""
@@ -104,8 +95,7 @@ class FedRSClient(FedAvgClient):
 
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
-        scale = self.fit_scale if self.fit_scale is not None else self.logit_scale()
-        return F.cross_entropy(restricted_logits(self.model(x), scale.to(x.device)), y)
+        return F.cross_entropy(restricted_logits(self.model(x), self.logit_scale().to(x.device)), y)
 
 
 class FedRS(WeightAveraging):

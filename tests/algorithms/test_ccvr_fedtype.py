@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms.ccvr import CALIBRATE, CCVRClient, CCVRServer, GaussianStatsPayload
-from fedhet.algorithms.fedtype import FedTypeClient, per_sample_kl, reciprocal_weights
+from fedhet.algorithms.fedtype import FedTypeClient, FedTypeHparams, per_sample_kl, reciprocal_weights
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
-from tests.algorithms.helpers import TinyLinear, fit, one_batch_loader, upload
+from tests.algorithms.helpers import TinyLinear, fit, one_batch_loader, tiny_loop, upload
 
 
 def _stats(means, covariances, counts) -> GaussianStatsPayload:
@@ -282,3 +282,55 @@ def test_ccvr_server_refuses_uploads_by_name():
     assert refusal(0, dataclasses.replace(good, means=torch.tensor([[float("nan")], [0.0]]))).startswith(
         "client 0 sent non-finite values in 'means'"
     )
+
+
+def test_fedtype_thresholds_before_calibration_put_every_class_in_both_sets():
+    """Uncalibrated thresholds are 1: both prediction sets are full, equal sizes, so the private model teaches."""
+    private, proxy = TinyLinear(), TinyLinear(head=2.0 * torch.eye(2))
+    client = FedTypeClient(private, 2, proxy, kd_weight=1.0)
+    x, y = torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    private_logits, proxy_logits = torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.0]])
+    p, q = F.softmax(private_logits, 1), F.softmax(proxy_logits, 1)
+    expected = F.cross_entropy(private_logits, y) + F.cross_entropy(proxy_logits, y) + (p * (p.log() - q.log())).sum()
+    assert client.local_loss((x, y)).item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_fedtype_proxies_start_from_one_shared_initialisation():
+    """Every client's proxy is the shared model of shared_init_seed, whatever its private architecture."""
+    from fedhet.algorithms.shared.common import build_shared_model
+
+    def proxies(shared_init_seed: int) -> list[dict[str, torch.Tensor]]:
+        loop = tiny_loop("fedtype", method_args={"shared_init_seed": shared_init_seed})
+        return [
+            loop.runtime.build_module(architecture, seed).proxy.state_dict()
+            for seed, architecture in enumerate(dict.fromkeys(loop.architectures))
+        ]
+
+    first, second = proxies(3)
+    scenario = tiny_loop("fedtype").scenario
+    proxy_model = FedTypeHparams().proxy_model
+    expected = build_shared_model(proxy_model, scenario.num_classes, scenario.in_channels, 3, "fedtype-proxy")
+    expected = expected.state_dict()
+    for key, value in expected.items():
+        assert torch.equal(first[key], value) and torch.equal(second[key], value), key
+    other = proxies(4)[0]
+    assert any(not torch.equal(other[key], value) for key, value in expected.items())
+
+
+@pytest.mark.parametrize(("weighting", "expected"), [("samples", 2.5), ("uniform", 2.0)])
+def test_fedtype_server_averages_every_clients_proxy_into_one(weighting, expected):
+    """One proxy average over all clients, whatever their private architectures, weighted as proxy_weighting says."""
+    from fedhet.algorithms.base import ClientUpload
+    from fedhet.algorithms.fedtype import FedType
+    from fedhet.core.payloads import WeightsPayload
+    from tests.algorithms.helpers import context
+
+    server = FedType(proxy_weighting=weighting).build_server()
+    initial = {"model.w": torch.zeros(1), "proxy.w": torch.zeros(1)}
+    server.setup_server(context(num_classes=2, architectures=("a", "b"), initial=initial))
+    assert server.download_for(1).weights["w"].item() == 0.0  # the shared initial proxy, sent before any average
+    server.aggregate(0, [
+        ClientUpload(0, "a", WeightsPayload(weights={"w": torch.tensor([1.0])}, num_examples=1)),
+        ClientUpload(1, "b", WeightsPayload(weights={"w": torch.tensor([3.0])}, num_examples=3)),
+    ])  # fmt: skip
+    assert server.download_for(0).weights["w"].item() == server.download_for(1).weights["w"].item() == expected

@@ -18,6 +18,7 @@ from fedhet.algorithms.shared.common import (
     SHARED,
     AveragedClientModels,
     ClassMeanServer,
+    FedAvgClient,
     ParameterBuffers,
     PrototypeTrainingServer,
     SubmoduleAveragingServer,
@@ -437,3 +438,19 @@ def test_a_shared_model_takes_model_arguments():
     from fedhet.algorithms.shared.common import build_shared_model
 
     assert build_shared_model("cnn_tiny", 3, 1, 0, "small", feature_dim=8).num_features == 8
+
+
+def test_a_download_replaces_the_state_only_when_it_holds_all_the_client_keeps():
+    """FedAvg's whole-model download replaces a FedAvg client's state; a partial one, none, or extra state do not."""
+    from fedhet.algorithms.feddyn import FedDynClient
+    from tests.algorithms.helpers import TinyLinear
+
+    client = FedAvgClient(TinyLinear(), num_classes=2)
+    whole = WeightsPayload(weights={k: v.clone() for k, v in client.model.state_dict().items()})
+    assert client.download_replaces_state(whole)
+    partial = WeightsPayload(weights={k: v for k, v in whole.weights.items() if not k.startswith("head.")})
+    assert not client.download_replaces_state(partial)  # the head stays the client's own (FedPer-like)
+    assert not client.download_replaces_state(None)  # nothing received yet (LG-FedAvg's first round)
+    assert not client.download_replaces_state(ClassStatsPayload(values=torch.zeros(2, 2), counts=torch.ones(2)))
+    keeping = FedDynClient(TinyLinear(), num_classes=2)  # keeps its gradient state beside the model
+    assert not keeping.download_replaces_state(whole)

@@ -20,6 +20,7 @@ def test_fedrs_with_alpha_one_equals_fedavg_bit_for_bit(fedavg_run):
     for client in range(rs_loop.scenario.num_clients):
         expected = torch.bincount(rs_loop.scenario.client_data(client).train.y, minlength=10)
         assert torch.equal(rs_loop.store.get(client)["module"]["class_counts"], expected)
+        assert rs_loop.store.get(client)["module"]["class_counts"].dtype == torch.long  # kept as counts
 
 
 def test_fedrs_client_loss_by_hand():
@@ -62,7 +63,8 @@ def test_label_counts_from_loader_data_or_batches():
 
     assert label_counts(_Loader(), 3).tolist() == [1, 0, 2]
     batches = [(torch.zeros(2, 1), torch.tensor([1, 1])), (torch.zeros(1, 1), torch.tensor([0]))]
-    assert label_counts(batches, 3).tolist() == [1, 2, 0]
+    counted = label_counts(batches, 3)
+    assert counted.tolist() == [1, 2, 0] and counted.dtype == torch.long  # counts, not floats
 
 
 def test_fedrs_server_is_fedavgs_example_weighted_average():

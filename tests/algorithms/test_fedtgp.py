@@ -15,6 +15,7 @@ from tests.algorithms.helpers import (
     FEATURE_DIM,
     FLOAT_BYTES,
     class_stats,
+    context,
     fit,
     head_context,
     held_classes,
@@ -146,6 +147,40 @@ def test_fedtgp_nearest_prototype_prediction_ignores_classes_without_prototypes(
     scores = client(x)
     assert scores.argmax(1).tolist() == [1]
     assert torch.allclose(scores, torch.tensor([[-0.81, -0.01]]), atol=1e-5)  # minus squared distances
+
+
+def test_fedtgp_head_prediction_uses_the_classifier_even_with_global_prototypes():
+    """prediction="head" (the default) scores with the client's head whether or not prototypes arrived."""
+    x = torch.tensor([[0.9, 0.0]])
+    client = _tgp_client()  # prototypes received in _tgp_client
+    client.on_receive(ClassStatsPayload(values=torch.tensor([[0.0, 0.0], [1.0, 0.0]]), counts=torch.tensor([1, 1])))
+    assert torch.equal(client(x), torch.zeros(1, 2))  # the zero head, not minus squared distances
+
+
+def test_fedtgp_server_remembers_every_class_ever_uploaded():
+    """A class uploaded in an earlier round keeps its global prototype when a later round lacks it."""
+    server = FedTGPServer(server_epochs=1)
+    server.setup_server(head_context(num_classes=3, feature_dim=2))
+    server.aggregate(0, [upload(0, class_stats([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], [2, 1, 0]))])
+    server.aggregate(1, [upload(0, class_stats([[1.0, 0.0], [0.0, 0.0], [2.0, 2.0]], [2, 0, 3]))])
+    assert server.seen.tolist() == [True, True, True]
+    assert server.download_for(0).counts.tolist() == [1, 1, 1]
+
+
+def test_fedtgp_global_prototypes_start_from_the_run_seed():
+    """The trainable prototypes are initialised under the run seed's own stream (same seed, same start)."""
+    from fedhet.algorithms.fedtgp import TrainablePrototypes
+    from fedhet.seeding import derive_seed, seeded
+
+    def built(seed: int) -> FedTGPServer:
+        server = FedTGPServer()
+        server.setup_server(context(num_classes=3, seed=seed, initial=head_context(3, 2).initial_client_state(0)))
+        return server
+
+    with seeded(derive_seed(5, "fedtgp-prototypes")):
+        expected = TrainablePrototypes(3, 2, 2)
+    assert torch.equal(built(5).prototypes(), expected())
+    assert not torch.equal(built(6).prototypes(), expected())
 
 
 def test_fedtgp_round_sizes(fedtgp_loop):

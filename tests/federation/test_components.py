@@ -36,6 +36,32 @@ def test_payload_validation_rejects_nan_and_shape():
         stats.validate_shape(num_classes=10, dim=2)
 
 
+def test_payload_screening_names_the_field_and_reads_float64_in_float64():
+    """Non-finite values are named by field (inf as NaN); a float64 value past float32's range is finite, not NaN."""
+    payload = WeightsPayload(weights={"a": torch.zeros(2), "b": torch.tensor([1.0, -float("inf")])})
+    with pytest.raises(TrainingError, match="client 2 sent non-finite values in 'weights.b'"):
+        payload.validate("client 2")
+    huge = WeightsPayload(weights={"a": torch.tensor([1e300, -2.0], dtype=torch.float64)})
+    huge.validate("client 1")  # finite in its own dtype
+    assert huge.largest_magnitude() == 1e300
+    with pytest.raises(TrainingError, match="client 1 sent a value of magnitude 1e\\+300 \\(bound 1e\\+06\\)"):
+        huge.check_value_bound(1e6, "client 1")
+    assert WeightsPayload(weights={"n": torch.tensor([3, -7])}).largest_magnitude() == 0.0  # integers carry none
+
+
+def test_on_device_moves_only_a_module_that_is_elsewhere():
+    """A module whose parameters are already on the device is returned without Module.to's walk."""
+    from fedhet.federation.trainer import on_device
+
+    module = torch.nn.Linear(2, 2)
+    calls = []
+    original = module.to
+    module.to = lambda *args, **kwargs: calls.append(args) or original(*args, **kwargs)  # type: ignore[method-assign]
+    assert on_device(module, torch.device("cpu")) is module and calls == []
+    assert on_device(module, torch.device("meta")) is module and calls == [(torch.device("meta"),)]
+    assert module.weight.device.type == "meta"
+
+
 def test_sampling_fraction_count_and_determinism():
     """Participation as a fraction or a count; the sample is sorted, seeded per round and validated."""
     assert clients_per_round(20, 1.0) == 20
