@@ -486,8 +486,8 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.base.x__first_line: return line.split(None, 1)[1].strip()": "the matched line starts with "
     "'<parameter>:' and Google-style docstrings put a space after that colon: splitting at the first blank or at the "
     "first colon leaves the same description once stripped",
-    **{f"fedhet.algorithms.base.xǁClientModuleǁtraining_step: self.log(\"train/loss\", loss, {arguments})": "in "
-       "training_step Lightning's self.log takes on_step=None (or no on_step) as True, the default of that hook"
+    **{f"fedhet.algorithms.base.xǁClientModuleǁlog_train_loss: self.log(\"train/loss\", loss, {arguments})": "called "
+       "from training_step, Lightning's self.log takes on_step=None (or no on_step) as True, that hook's default"
        for arguments in ("on_step=None, on_epoch=True, prog_bar=True", "on_epoch=True, prog_bar=True")},
     "fedhet.algorithms.base.x__hparams_init: if \"__init__\" in base.__dict__ and getattr(base.__dict__[\"__init__\"], "
     "\"__fedhet_extra_parameters__\", None)": "an unflagged constructor has no such attribute: the default None is as "

@@ -333,3 +333,27 @@ def test_the_std_epsilon_reaches_fccm():
         return phase.collaborative_losses(X)[0].item()
 
     assert loss(0.5) != pytest.approx(loss(1e-5), rel=1e-3)
+
+
+def test_a_bf16_participant_gets_its_targets_in_its_own_dtype():
+    """The averaged logits and similarities (sent as float32) are cast to the receiver's dtype: a bf16 loss."""
+    clients = [FCCLPlusClient(TinyLinear().to(torch.bfloat16), 2) for _ in range(2)]
+    phase = CrossCorrelationCollaboration(clients, fisl_weight=1.0, similarity_temperature=1.0)
+    losses = phase.collaborative_losses(X.to(torch.bfloat16))
+    assert [loss.dtype for loss in losses] == [torch.bfloat16, torch.bfloat16]
+    assert all(torch.isfinite(loss) for loss in losses)
+
+
+@pytest.mark.parametrize("participants", [1, 2])
+def test_a_public_batch_of_two_images_trains_every_participant_also_alone(participants):
+    """Two images are enough for FCCM's std and FISL's peer; one participant steps with its single optimizer."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tests.algorithms.helpers import fit
+
+    clients = [FCCLPlusClient(TinyLinear(), 2) for _ in range(participants)]
+    phase = CrossCorrelationCollaboration(clients, fisl_weight=1.0, similarity_temperature=1.0)
+    before = [p.detach().clone() for p in phase.parameters()]
+    fit(phase, DataLoader(TensorDataset(X[:2]), batch_size=2))
+    moved = [not torch.equal(a, b) for a, b in zip(before, phase.parameters(), strict=True)]
+    assert any(moved)
