@@ -509,7 +509,10 @@ class RowStudy:
             # this; a Trial is its study plus its storage id) and resume its run from its checkpoint
             trial = optuna.trial.Trial(study, frozen._trial_id)
             record = self.run_trial(study, trial, env)
-            echo(f"{self.label}: trial {record.number} resumed, {record.state}, val/{self.plan.metric} {record.value}")
+            echo(  # numbered as the other trial lines (from 1), so a resumed trial reads as the same trial
+                f"{self.label}: trial {record.number + 1}/{self.plan.trials} resumed, {record.state}, "
+                f"val/{self.plan.metric} {record.value}"
+            )
             if on_trial is not None:
                 on_trial(self)
         while True:

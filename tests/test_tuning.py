@@ -186,9 +186,12 @@ def test_an_interrupted_trial_is_resumed_not_counted_twice(tmp_path, fake_fit, m
         return self.command(asked.number, params)
 
     monkeypatch.setattr(RowStudy, "resume_command", resume_command)
-    trials = study.run(dict(__import__("os").environ), echo=lambda _: None)
+    lines: list[str] = []
+    trials = study.run(dict(__import__("os").environ), echo=lines.append)
     assert resumed == [partial]
     assert [t.number for t in trials] == [0, 1] and trials[0].params == params
+    # numbered as every trial line (from 1 of 2): the resumed trial is the first, the next the second
+    assert [line.split(",")[0] for line in lines] == ["a: trial 1/2 resumed", "a: trial 2/2 complete"]
     assert all(t.state == "complete" for t in trials)
 
 
