@@ -58,22 +58,32 @@ def tree_pss_gb(root: int | None = None) -> float:
     the tree maps the same libraries (no other torch job running: their share would be divided
     away).
     """
-    root = os.getpid() if root is None else root
     total_kb = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        ancestor = int(entry.name)
-        while ancestor > 1 and ancestor != root:
-            ancestor = _parent(ancestor)
-        if ancestor != root:
-            continue
+    for pid in _descendants(os.getpid() if root is None else root, include_root=True):
         try:
-            rollup = (entry / "smaps_rollup").read_text()
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
         except OSError:  # gone meanwhile, or not ours to read
             continue
         total_kb += next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
     return total_kb / 1024**2
+
+
+def _descendants(root: int, include_root: bool = False) -> list[int]:
+    """The processes below ``root`` (children, their children ...), and ``root`` itself if asked."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = ancestor = int(entry.name)
+        if pid == root:
+            if include_root:
+                pids.append(pid)
+            continue
+        while ancestor > 1 and ancestor != root:
+            ancestor = _parent(ancestor)
+        if ancestor == root:
+            pids.append(pid)
+    return pids
 
 
 def _parent(pid: int) -> int:
@@ -90,20 +100,13 @@ def ray_worker_pids() -> list[int]:
     A local Ray instance runs its processes under the driver that started it, so only actors
     descending from this process count, not those of other Ray instances on the machine.
     """
-    me, pids = os.getpid(), []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    pids = []
+    for pid in _descendants(os.getpid()):
         try:
-            if b"RayClientWorker" not in (entry / "cmdline").read_bytes():
-                continue
+            if b"RayClientWorker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
         except OSError:
             continue
-        pid = ancestor = int(entry.name)
-        while ancestor > 1 and ancestor != me:
-            ancestor = _parent(ancestor)
-        if ancestor == me:
-            pids.append(pid)
     return pids
 
 

@@ -200,11 +200,6 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.fedtgp.xǁFedTGPServerǁaggregate: super().aggregate(None, uploads)":
         "PrototypeTrainingServer.aggregate does not read round_idx",
     "fedhet.algorithms.fedtgp.xǁFedTGPServerǁaggregate: self.seen |= present.to(None)": CPU_ONLY,
-    **{f"fedhet.algorithms.fedtype.xǁFedTypeǁbuild_server: {line}": reason for line, reason in (
-        ('return SubmoduleAveragingServer("proxy.", self.hp.proxy_weighting, per_architecture=None, send_initial=True)',
-         "None is falsy: one average over every client, as with False"),
-        ('return SubmoduleAveragingServer("proxy.", self.hp.proxy_weighting, per_architecture=False, )',
-         "SubmoduleAveragingServer's send_initial defaults to True: the same server"))},
     "fedhet.functional.fccl.x_fccm_loss: off_mask = ~torch.eye(matrix.shape[1], dtype=torch.bool, "
     "device=matrix.device)": "the cross-correlation matrix is square (C x C): shape[1] == shape[0]",
     **{f"fedhet.functional.aggregation.x_aggregate_class_means: {line}": reason for line, reason in (

@@ -509,10 +509,7 @@ class RowStudy:
             # this; a Trial is its study plus its storage id) and resume its run from its checkpoint
             trial = optuna.trial.Trial(study, frozen._trial_id)
             record = self.run_trial(study, trial, env)
-            echo(  # numbered as the other trial lines (from 1), so a resumed trial reads as the same trial
-                f"{self.label}: trial {record.number + 1}/{self.plan.trials} resumed, {record.state}, "
-                f"val/{self.plan.metric} {record.value}"
-            )
+            echo(self.trial_line(record, "resumed, "))
             if on_trial is not None:
                 on_trial(self)
         while True:
@@ -522,11 +519,15 @@ class RowStudy:
             study = self.study(len(study.get_trials(deepcopy=False)))
             trial = study.ask(self.distributions)
             record = self.run_trial(study, trial, env)
-            echo(f"{self.label}: trial {record.number + 1}/{self.plan.trials} {record.state}, "
-                 f"val/{self.plan.metric} {record.value}")  # fmt: skip
+            echo(self.trial_line(record))
             if on_trial is not None:
                 on_trial(self)
         return self.finished()[: self.plan.trials]
+
+    def trial_line(self, record: TrialRecord, how: str = "") -> str:
+        """``<row>: trial <n>/<trials> [resumed, ]<state>, val/<metric> <value>``, numbered from 1 for every trial."""
+        number = f"{record.number + 1}/{self.plan.trials}"
+        return f"{self.label}: trial {number} {how}{record.state}, val/{self.plan.metric} {record.value}"
 
 
 def select(trials: Sequence[TrialRecord], label: str) -> TrialRecord:

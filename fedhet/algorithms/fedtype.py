@@ -11,7 +11,7 @@ mechanism as FedVTC and the FedType abstract describe it, every choice below nam
 
 Upload: the proxy model's weights (``WeightsPayload``, ``proxy.``), with the example count.
 Download: the FedAvg of the participants' proxies (``proxy_weighting``), one architecture for all.
-Server phase: closed form (:class:`~fedhet.algorithms.shared.common.SubmoduleAveragingServer`).
+Server phase: closed form (:class:`FedTypeServer`, a :class:`~fedhet.algorithms.shared.common.SharedSubmoduleServer`).
 Local objective, per batch, both models trained jointly (FedVTC's memory remark):
 ``CE(private) + CE(proxy) + kd_weight * [w_pp * KL(p_proxy || p_private) + w_pq * KL(p_private || p_proxy)]``
 where the per-sample weights come from split conformal prediction (LAC score ``1 - p_y(x)``,
@@ -38,8 +38,8 @@ from fedhet.algorithms.base import Algorithm, Batch, Capabilities, ClientModule,
 from fedhet.algorithms.shared.common import (
     SeparatelyClippedClient,
     SharedModelHparams,
+    SharedSubmoduleServer,
     SharedWeighting,
-    SubmoduleAveragingServer,
     SubmoduleSharingClient,
     build_shared_model,
 )
@@ -146,6 +146,14 @@ class FedTypeClient(SubmoduleSharingClient, SeparatelyClippedClient):
         yield list(self.proxy.parameters())
 
 
+class FedTypeServer(SharedSubmoduleServer):
+    """FedAvg of the clients' proxies, one average over every client (``hp.proxy_weighting``)."""
+
+    Hparams = FedTypeHparams
+    shared_module = "proxy"
+    weighting_knob = "proxy_weighting"
+
+
 class FedType(Algorithm):
     """FedType (heterogeneous private models, one shared proxy architecture)."""
 
@@ -161,7 +169,7 @@ class FedType(Algorithm):
         return FedTypeClient(model, num_classes, proxy, self.hp)
 
     def build_server(self) -> ServerPhase:
-        return SubmoduleAveragingServer("proxy.", self.hp.proxy_weighting, per_architecture=False, send_initial=True)
+        return FedTypeServer(self.hp)
 
 
-__all__ = ["FedType", "FedTypeClient", "FedTypeHparams"]
+__all__ = ["FedType", "FedTypeClient", "FedTypeHparams", "FedTypeServer"]

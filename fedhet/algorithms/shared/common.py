@@ -284,7 +284,7 @@ class SharedSubmoduleServer(SubmoduleAveragingServer):
     """One average of a shared sub-model over every client, whatever their architectures.
 
     The server of methods whose heterogeneous clients each carry one shared homogeneous model
-    (FML's meme, FedMRL's small model): subclasses name the method's ``Hparams``, the
+    (FML's meme, FedMRL's small model, FedType's proxy): subclasses name the method's ``Hparams``, the
     ``shared_module`` (the clients' attribute, also their ``shared_module``) and the
     ``weighting_knob`` holding ``"samples"`` or ``"uniform"``; the initial model is sent in round 0.
 
