@@ -26,6 +26,27 @@ Run on an otherwise idle machine (about 6 minutes on 2 cores; ``uptime`` first):
 
     python benchmarks/htfe2_round.py [--rounds 3] [--configs seq1 seq2 ray] [--memory_format channels_last]
 
+Side by side with HtFLlib itself (``--htfllib``: a checkout of github.com/TsingZ0/HtFLlib, never
+downloaded here): the configurations ``htfllib1`` and ``htfllib2`` run HtFLlib's own ``main.py``
+(FedProto, ``-m HtFE-img-2 -fd 512 -lam 10 -lbs 10 -lr 0.01``) at 1 and 2 threads on the very
+client splits fedhet trains on, written in HtFLlib's layout (``dataset/NAME/{train,test}/ID.npz``,
+pixels normalised as fedhet's loader does), timed by HtFLlib's own per-round print; they run
+interleaved with fedhet's (``seq1 htfllib1 seq2 htfllib2 ray``), so a drift of the machine's speed
+touches both sides alike, and the table adds fedhet/HtFLlib rounds-per-hour ratios. HtFLlib imports
+h5py, scikit-learn and calmsize, which fedhet does not need; give a folder holding them with
+``--htfllib_deps`` (``pip install --target DIR h5py scikit-learn calmsize``)::
+
+    python benchmarks/htfe2_round.py --htfllib ../HtFLlib --htfllib_deps DIR --json docs/results/htfe2_side_by_side.json
+
+What differs between the two sides, by design of each library: HtFLlib's FedProto takes its
+prototypes from the features its training steps computed, while fedhet's default runs an
+eval-mode pass over the training data after training (``--class_means_from training_steps`` gives
+fedhet HtFLlib's way, and so the same work); HtFLlib's round 0 evaluates nothing (no global
+prototypes yet), its train loader keeps the data order and drops every last partial batch, it
+does not clip gradients, and it writes every client model to disk and reads it back each round;
+fedhet shuffles, drops only a last batch of one image, clips at ``--clip`` and keeps states in
+memory. Round 0 is the warm-up on both sides.
+
 A quick end-to-end check (seconds per configuration, numbers meaningless)::
 
     python benchmarks/htfe2_round.py --clients 4 --rounds 1 --max_steps 2
@@ -38,6 +59,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import statistics
 import time
 from pathlib import Path
@@ -56,6 +78,9 @@ from _measure import (
 
 COMPUTE_KEY = "bench/compute_s"
 LABELS = {"seq1": "sequential (1 thread)", "seq2": "sequential (2 threads)", "ray": "ray (2 workers)"}
+HTFLLIB_LABELS = {"htfllib1": "HtFLlib (1 thread)", "htfllib2": "HtFLlib (2 threads)"}
+SIDE_BY_SIDE = ["seq1", "htfllib1", "seq2", "htfllib2", "ray"]  # interleaved: drift touches both sides
+THREADS = {"seq2": 2, "htfllib2": 2}  # intra-op threads of each configuration's process (default 1)
 
 
 # ------------------------------------------------------------------------------ timing the client runtime
@@ -123,7 +148,7 @@ def build_loop(name: str, args: argparse.Namespace) -> Any:
 
     scenario = htfllib_scenario(args.clients, args.seed)
     architectures = family_architectures("htfe_img_2", args.clients)
-    algorithm = FedProto(lam=10.0, lr=0.01, momentum=0.0)
+    algorithm = FedProto(lam=10.0, lr=0.01, momentum=0.0, class_means_from=args.class_means_from)
     # Clipping at norm 10 in every configuration: FedProto's lambda 10 diverged in round 2 at two
     # intra-op threads (different float summation order); a timing run must not stop on it.
     trainer = TrainerTemplate(
@@ -180,7 +205,7 @@ def run_configuration(name: str, args: argparse.Namespace) -> dict:
 
     from fedhet.federation.trainer import silence_lightning
 
-    torch.set_num_threads(2 if name == "seq2" else 1)
+    torch.set_num_threads(THREADS.get(name, 1))
     silence_lightning()
     started = time.perf_counter()
     loop = build_loop(name, args)
@@ -228,6 +253,111 @@ def run_configuration(name: str, args: argparse.Namespace) -> dict:
     }
 
 
+# ------------------------------------------------------------------------------ HtFLlib itself, same splits
+def write_htfllib_dataset(scenario: Any, folder: Path) -> int:
+    """Every client's local train and test split in HtFLlib's layout; HtFLlib's local steps per epoch.
+
+    HtFLlib reads ``folder/{train,test}/ID.npz``, each holding ``data = {"x": float32 NCHW, "y": int64}``
+    (``utils/data_utils.read_data``). Pixels are normalised with the scenario's mean and std, as fedhet's
+    loader serves them.
+    """
+    import numpy as np
+    import torch
+
+    mean = torch.tensor(scenario.mean).view(1, -1, 1, 1)
+    std = torch.tensor(scenario.std).view(1, -1, 1, 1)
+    steps = 0
+    for client_id in range(scenario.num_clients):
+        data = scenario.client_data(client_id)
+        for split, part in (("train", data.train), ("test", data.test)):
+            (folder / split).mkdir(parents=True, exist_ok=True)
+            pixels = ((part.x.float() / 255.0 - mean) / std).numpy()
+            with open(folder / split / f"{client_id}.npz", "wb") as file:
+                np.savez(file, data={"x": pixels, "y": part.y.numpy()})
+        steps += len(data.train) // scenario.batch_size  # HtFLlib's train loader drops the last partial batch
+    return steps
+
+
+def htfllib_main(root: str) -> Path:
+    """HtFLlib's ``main.py`` in a checkout (its root or its ``system`` folder), or a one-line exit."""
+    for folder in (Path(root), Path(root) / "system"):
+        if (folder / "main.py").is_file() and (folder / "flcore").is_dir():
+            return folder.resolve() / "main.py"
+    raise SystemExit(f"--htfllib {root}: no HtFLlib checkout there (system/main.py and system/flcore missing)")
+
+
+def stub_unimportable_servers(system: Path) -> list[str]:
+    """Stand-ins for HtFLlib server modules whose own dependencies are not installed.
+
+    ``main.py`` imports every algorithm's server at its top (FedKTL's StyleGAN and Stable Diffusion
+    servers, FedL2G's ``higher`` ...); FedProto needs none of them. Returns the stubbed module names.
+    """
+    import importlib
+    import sys
+    import types
+
+    stubbed = []
+    for path in sorted((system / "flcore" / "servers").glob("server*.py")):
+        name = f"flcore.servers.{path.stem}"
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            stub = types.ModuleType(name)
+            stub.__getattr__ = lambda attribute: None  # type: ignore[method-assign]  # ``from X import Y`` -> None
+            sys.modules[name] = stub
+            stubbed.append(path.stem)
+    return stubbed
+
+
+def run_htfllib(name: str, args: argparse.Namespace) -> dict:
+    """HtFLlib's own FedProto on fedhet's client splits, in this process; its per-round times."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+    import tempfile
+
+    import torch
+
+    main_py = htfllib_main(args.htfllib)
+    torch.set_num_threads(THREADS.get(name, 1))
+    scenario = htfllib_scenario(args.clients, args.seed)
+    with tempfile.TemporaryDirectory(prefix="htfllib-") as tmp:
+        steps = write_htfllib_dataset(scenario, Path(tmp) / "dataset" / "fedhet_htfe2")
+        work = Path(tmp) / "system"  # HtFLlib reads ../dataset and writes ../results, temp/ from here
+        work.mkdir()
+        os.chdir(work)
+        sys.path[:0] = [str(main_py.parent), *args.htfllib_deps]
+        stubbed = stub_unimportable_servers(main_py.parent)
+        # HtFLlib saves whole pickled models each round and reads them back with torch.load's pre-2.6
+        # default; these are its own files in this temporary folder, never anything fedhet loads
+        os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
+        sys.argv = [str(main_py), "-data", "fedhet_htfe2", "-m", "HtFE-img-2", "-algo", "FedProto"]
+        sys.argv += ["-gr", str(args.rounds), "-nc", str(args.clients), "-ncl", str(scenario.num_classes)]
+        sys.argv += ["-lbs", "10", "-lr", "0.01", "-fd", "512", "-lam", "10", "-ls", "1", "-dev", "cpu"]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            runpy.run_path(str(main_py), run_name="__main__")
+        pss = tree_pss_gb()
+    # FedProto.train prints "-" * 50 and the round's seconds after each round (round 0 first)
+    round_line = re.compile(r"-{50} ([0-9.e+-]+)")
+    rounds = [float(match[1]) for line in printed.getvalue().splitlines() if (match := round_line.fullmatch(line))]
+    if len(rounds) != args.rounds + 1:
+        raise SystemExit(f"{name}: HtFLlib printed {len(rounds)} round times, not {args.rounds + 1}")
+    accuracies = [line.split()[-1] for line in printed.getvalue().splitlines() if "Averaged Test Accuracy" in line]
+    return {
+        "config": name,
+        "workers": 1,
+        "round_s": rounds[1:],
+        "steps_per_round": steps,
+        "driver_peak_rss_gb": round(peak_rss_gb(), 3),
+        "worker_peak_rss_gb": [],
+        "tree_pss_gb": round(pss, 3),
+        "acc_local": float(accuracies[-1]) if accuracies else None,
+        "stubbed_servers": stubbed,
+    }
+
+
 def summed_rss_gb(result: dict) -> float:
     """The driver's peak RSS plus every Ray worker's (pages they share are counted once per process)."""
     return result["driver_peak_rss_gb"] + sum(result["worker_peak_rss_gb"])
@@ -237,8 +367,10 @@ def spawn(name: str, args: argparse.Namespace) -> dict:
     """Run one configuration in a fresh child process and return what it measured."""
     options = ["--child", name, "--clients", str(args.clients), "--rounds", str(args.rounds)]
     options += ["--max_steps", str(args.max_steps), "--seed", str(args.seed), "--clip", str(args.clip)]
-    options += ["--memory_format", args.memory_format]
-    return run_child(__file__, options, 2 if name == "seq2" else 1, name)
+    options += ["--memory_format", args.memory_format, "--class_means_from", args.class_means_from]
+    if name in HTFLLIB_LABELS:
+        options += ["--htfllib", args.htfllib, "--htfllib_deps", *args.htfllib_deps]
+    return run_child(__file__, options, THREADS.get(name, 1), name)
 
 
 def main() -> None:
@@ -247,7 +379,17 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
     parser.add_argument("--max_steps", type=int, default=-1, help="local steps per client (-1: one epoch)")
-    parser.add_argument("--configs", nargs="+", choices=list(LABELS), default=list(LABELS))
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=[*LABELS, *HTFLLIB_LABELS],
+        default=None,
+        help=f"default: {' '.join(LABELS)}; with --htfllib: {' '.join(SIDE_BY_SIDE)}",
+    )
+    parser.add_argument("--htfllib", default=None, help="a checkout of HtFLlib, to time its FedProto side by side")
+    parser.add_argument(
+        "--htfllib_deps", nargs="*", default=[], help="folders holding HtFLlib's h5py, scikit-learn, calmsize"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clip", type=float, default=10.0, help="gradient-norm clipping of every configuration")
     parser.add_argument("--json", default=None, help="also write the measurements here")
@@ -257,23 +399,38 @@ def main() -> None:
         default="contiguous",
         help="trainer.memory_format of every configuration (channels_last was 7-12 %% slower here on 2026-11-28)",
     )
-    parser.add_argument("--child", choices=list(LABELS), default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--class_means_from",
+        choices=["eval_pass", "training_steps"],
+        default="eval_pass",
+        help="FedProto's prototypes: fedhet's default eval pass after training, or the training steps' own "
+        "features as HtFLlib's FedProto takes them (no extra pass: the same work as HtFLlib's round)",
+    )
+    parser.add_argument("--child", choices=[*LABELS, *HTFLLIB_LABELS], default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        report(run_configuration(args.child, args))
+        run = run_htfllib if args.child in HTFLLIB_LABELS else run_configuration
+        report(run(args.child, args))
         return
+    if args.configs is None:
+        args.configs = SIDE_BY_SIDE if args.htfllib else list(LABELS)
+    if any(name in HTFLLIB_LABELS for name in args.configs):
+        if not args.htfllib:
+            parser.error("the htfllib configurations need --htfllib (a checkout of HtFLlib)")
+        htfllib_main(args.htfllib)  # a missing checkout stops here, before any run
+    labels = {**LABELS, **HTFLLIB_LABELS}
 
     print(f"{os.cpu_count()} CPUs; {load()}")
     print(
         f"HtFE-img-2 (fedavg_cnn, resnet18), FedProto lambda 10, 512-d features, {args.clients} clients, "
         f"mnist_all 3x32x32 Dir(0.1) >= 40 per client, batch 10, SGD lr 0.01 (clipped at {args.clip:g}), "
         f"{'one local epoch' if args.max_steps < 0 else f'{args.max_steps} local steps'}, "
-        f"{args.rounds} timed rounds after a warm-up, {args.memory_format}"
+        f"{args.rounds} timed rounds after a warm-up, {args.memory_format}, prototypes from {args.class_means_from}"
     )
     results = {}
     for name in args.configs:
         results[name] = spawn(name, args)
-        print(f"  {LABELS[name]:24s} rounds {' '.join(f'{t:.2f}' for t in results[name]['round_s'])} s; {load()}")
+        print(f"  {labels[name]:24s} rounds {' '.join(f'{t:.2f}' for t in results[name]['round_s'])} s; {load()}")
     print()
     print(
         "| configuration | round s (median) | rounds / hour | outside client compute | peak RSS GB "
@@ -284,17 +441,21 @@ def main() -> None:
     for name, result in results.items():
         median = statistics.median(result["round_s"])
         medians[name] = median
-        outside = statistics.median(
-            1.0 - (compute / result["workers"]) / total
-            for compute, total in zip(result["compute_s"], result["round_s"], strict=True)
-        )
+        outside = "n/a"  # HtFLlib's rounds are not split into client compute and the rest
+        if "compute_s" in result:
+            share = statistics.median(
+                1.0 - (compute / result["workers"]) / total
+                for compute, total in zip(result["compute_s"], result["round_s"], strict=True)
+            )
+            outside = f"{100 * share:.1f} %"
         rss = summed_rss_gb(result)
         detail = f" (driver {result['driver_peak_rss_gb']:.2f} + workers)" if result["worker_peak_rss_gb"] else ""
+        startup = f"{result['startup_s']:.1f}" if "startup_s" in result else "n/a"
         print(
-            f"| {LABELS[name]} | {median:.2f} | {3600 / median:.0f} | {100 * outside:.1f} % | {rss:.2f}{detail} "
-            f"| {result['tree_pss_gb']:.2f} | {result['startup_s']:.1f} |"
+            f"| {labels[name]} | {median:.2f} | {3600 / median:.0f} | {outside} | {rss:.2f}{detail} "
+            f"| {result['tree_pss_gb']:.2f} | {startup} |"
         )
-    steps = next(iter(results.values()))["steps_per_round"]
+    steps = next(result["steps_per_round"] for name, result in results.items() if name in LABELS)
     if "ray" in results and results["ray"].get("states_kept") is not None:
         ray_result = results["ray"]
         print(
@@ -316,6 +477,24 @@ def main() -> None:
             f"{summed_rss_gb(results['ray']) / summed_rss_gb(base):.2f}, "
             f"PSS of all processes {results['ray']['tree_pss_gb'] / base['tree_pss_gb']:.2f} (goal: at most 2)"
         )
+    htfllib = {name: medians[name] for name in HTFLLIB_LABELS if name in medians}
+    if htfllib:
+        theirs = next(results[name]["steps_per_round"] for name in htfllib)
+        print(f"HtFLlib: {theirs} local steps per round (every last partial batch dropped)")
+        for ours, reference in (("seq1", "htfllib1"), ("seq2", "htfllib2")):
+            if ours in medians and reference in medians:
+                per_step = (medians[reference] / theirs) / (medians[ours] / steps)
+                print(
+                    f"fedhet {LABELS[ours]} / {HTFLLIB_LABELS[reference]} rounds per hour "
+                    f"{medians[reference] / medians[ours]:.2f} (goal: at least 1); per local step {per_step:.2f}"
+                )
+        best = min(htfllib, key=htfllib.get)
+        for ours in ("seq2", "ray"):
+            if ours in medians:
+                print(
+                    f"fedhet {LABELS[ours]} / HtFLlib's best ({HTFLLIB_LABELS[best]}) rounds per hour "
+                    f"{htfllib[best] / medians[ours]:.2f}"
+                )
     if "ray" in medians and "seq1" in medians:
         print(f"ray (2 workers) / sequential (1 thread) round time ratio {medians['ray'] / medians['seq1']:.2f}")
 

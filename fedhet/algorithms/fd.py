@@ -26,8 +26,9 @@ cross-entropy has a bounded gradient (``softmax(z) - softmax(g)``), so the shipp
 configs use ``distillation: ce``; with it those runs complete (docs/results/archive/stability_2026-11-26.md).
 
 Deviations from paper/official code: ``distillation: mse`` (the default) is HtFLlib's, not the
-paper's. Logits are averaged after local training in eval mode (HtFLlib averages them during
-training).
+paper's. By default logits are averaged in an eval-mode pass after local training
+(``class_means_from="eval_pass"``); HtFLlib averages the outputs of its training steps, in train
+mode over every local epoch, which ``class_means_from="training_steps"`` reproduces (no extra pass).
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ from typing import Literal
 from torch import Tensor
 
 from fedhet.algorithms.base import Algorithm, Capabilities, ServerPhase
-from fedhet.algorithms.shared.common import ClassMeanRegularizedClient, ClassMeanServer, Weighting
+from fedhet.algorithms.shared.common import (
+    ClassMeanRegularizedClient,
+    ClassMeanServer,
+    ClassStatisticHparams,
+    Weighting,
+)
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.functional import logit_cross_entropy
-from fedhet.hparams import LocalOptimizer, NonNegativeFloat, knob, log_uniform
+from fedhet.hparams import NonNegativeFloat, knob, log_uniform
 
 Distillation = Literal["mse", "ce"]
 
 
 @dataclass(frozen=True)
-class FDHparams(LocalOptimizer):
+class FDHparams(ClassStatisticHparams):
     """FD's hyperparameters."""
 
     gamma: NonNegativeFloat = knob(1.0, "weight of the logit regulariser", log_uniform(1e-3, 10.0))

@@ -47,11 +47,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, WeightAveraging, Weighting
+from fedhet.algorithms.shared.common import ClassSums, FedAvgClient, FedAvgServer, WeightAveraging, Weighting
 from fedhet.core.payloads import ClassStatsPayload, Payload, WeightsPayload
 from fedhet.core.state import clone_state
 from fedhet.errors import TrainingError
-from fedhet.functional import aggregate_class_means, class_means, fedproc_alpha, prototypical_contrastive_loss
+from fedhet.functional import aggregate_class_means, fedproc_alpha, prototypical_contrastive_loss
 from fedhet.hparams import (
     Hyperparameters,
     LocalOptimizer,
@@ -146,18 +146,13 @@ class FedProcClient(FedAvgClient):
         return weight * proto + (1.0 - weight) * ce
 
     def make_upload(self, train_batches: Iterable[Batch]) -> WeightsAndPrototypesPayload:
-        sums: Tensor | None = None
-        counts = torch.zeros(self.num_classes, dtype=torch.long)
+        sums = ClassSums(self.num_classes)
         for x, y in train_batches:
-            means, batch_counts = class_means(self.model.forward_features(x).double(), y, self.num_classes)
-            batch_sums = means * batch_counts.unsqueeze(1)
-            sums = batch_sums if sums is None else sums + batch_sums
-            counts += batch_counts.cpu()
-        if sums is None:
+            sums.add(self.model.forward_features(x), y)
+        if sums.sums is None:
             raise TrainingError("a FedProc client without training data cannot upload class prototypes")
-        prototypes = (sums.cpu() / counts.clamp_min(1).unsqueeze(1)).float()
         weights = clone_state(self.model.state_dict())
-        return WeightsAndPrototypesPayload(weights=weights, prototypes=prototypes, counts=counts)
+        return WeightsAndPrototypesPayload(weights=weights, prototypes=sums.means(), counts=sums.counts)
 
 
 class FedProcServer(FedAvgServer):

@@ -13,8 +13,12 @@ over the clients holding the class (``"uniform"``). Classes missing on a client 
 Client state kept across rounds: the local model and optimizer state (models are never shared).
 Local objective: ``CE(f(x), y) + lambda * MSE(z(x), C-bar^(y))`` over the samples whose class has
 a global prototype (paper Eq. 8; MSE averaged over feature elements as in HtFLlib).
-Deviations from paper/official code: prototypes are computed after local training in eval mode
-(HtFLlib does the same; the paper's Algorithm 1 averages embeddings seen during training).
+Deviations from paper/official code: by default prototypes are computed in an eval-mode pass
+over the training data after local training (``class_means_from="eval_pass"``: Eq. 5's mean of
+the uploaded model's embeddings). The authors' code and HtFLlib's ``clientproto.py`` average the
+embeddings their training steps computed, in train mode and over every local epoch (the
+extra pass is skipped); ``class_means_from="training_steps"`` does that. (Earlier versions of this
+docstring said HtFLlib also used an eval pass; its FedGH and FedTGP do, its FedProto does not.)
 Evaluation uses the client's own classifier head, not nearest-prototype classification (which
 HtFLlib uses); both are personalised predictions of the same model. Heterogeneous backbones
 emit one feature dimension through ``feature_dim`` (HtFLlib's ``-fd``).

@@ -29,7 +29,8 @@ client has uploaded are downloaded (HtFLlib sends the never-trained prototypes o
 classes too); samples of classes without a global prototype are left out of the MSE mean (in
 HtFLlib they add zeros to it). The server budget is carried by its data loader, as in
 :mod:`fedhet.algorithms.fedgh` (cut by ``trainer.max_steps`` / ``limit_train_batches``).
-Prototypes are computed after local training in eval mode, as in HtFLlib.
+Prototypes are computed after local training in eval mode, as in HtFLlib (``class_means_from``;
+``"training_steps"`` would average the training steps' features instead).
 
 Stability: the margin ``min(max inter-prototype distance, tau)`` grows with the clients'
 prototypes, the server pushes the global ones apart by it, and the clients pull their features
@@ -47,12 +48,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.algorithms.base import (
     Algorithm,
-    Batch,
     Capabilities,
     ClientUpload,
     ServerContext,
@@ -113,18 +112,9 @@ class FedTGPClient(FedProtoClient):
 
     Hparams = FedTGPHparams
 
-    def local_loss(self, batch: Batch) -> Tensor:
-        x, y = batch
-        features, logits = self.statistic_and_logits(x)
-        loss = F.cross_entropy(logits, y)
-        if self.global_means is not None and self.global_present is not None:
-            means, present = self.global_on(features.device)
-            known = present[y]
-            if bool(known.any()):
-                targets = means[y[known]]
-                distance = self.hp.prototype_distance
-                loss = loss + self.hp.lam * prototype_alignment_loss(features[known], targets, distance)
-        return loss
+    def regulariser(self, statistic: Tensor, targets: Tensor) -> Tensor:
+        """The prototype alignment: the authors' MSE or the paper's Euclidean distance (Eq. 4)."""
+        return prototype_alignment_loss(statistic, targets, self.hp.prototype_distance)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.hp.prediction == "head" or self.global_means is None or self.global_present is None:

@@ -77,3 +77,38 @@ def test_fedproto_server_rejects_mismatched_prototypes():
     bad = ClassStatsPayload(values=torch.ones(3, 4), counts=torch.ones(3, dtype=torch.long))
     with pytest.raises(TrainingError, match="client 1"):
         server.aggregate(0, [upload(0, good), upload(1, bad)])
+
+
+def test_class_means_from_training_steps_by_hand():
+    """The steps' own features (every step and epoch) are averaged, with the data's counts; each fit starts afresh."""
+    client = FedProtoClient(TinyLinear(), num_classes=3, class_means_from="training_steps")
+    client.train()
+    data = [
+        (torch.tensor([[1.0, 0.0], [0.0, 3.0]]), torch.tensor([0, 1])),
+        (torch.tensor([[3.0, 0.0]]), torch.tensor([0])),
+    ]
+    client.on_train_start()
+    for x, y in data:  # epoch 1 with these features ...
+        client.local_loss((x, y))
+    client.local_loss((torch.tensor([[5.0, 2.0]]), torch.tensor([0])))  # ... and a later step saw others
+    client.eval()
+    client.local_loss((torch.tensor([[100.0, 100.0]]), torch.tensor([1])))  # eval mode: not a training step
+    sent = client.make_upload(data)
+    # class 0: (1 + 3 + 5) / 3 = 3 and (0 + 0 + 2) / 3 = 2/3; class 1: [0, 3]; class 2: never seen
+    assert torch.allclose(sent.values, torch.tensor([[3.0, 2.0 / 3.0], [0.0, 3.0], [0.0, 0.0]]))
+    assert sent.counts.tolist() == [2, 1, 0]  # |D_ij| of the data, not the 3 class-0 features the steps saw
+
+    client.on_train_start()  # the next client's (or round's) fit
+    client.train()
+    client.local_loss((torch.tensor([[0.0, 7.0]]), torch.tensor([1])))
+    sent = client.make_upload([(torch.tensor([[0.0, 7.0]]), torch.tensor([1]))])
+    assert torch.allclose(sent.values, torch.tensor([[0.0, 0.0], [0.0, 7.0], [0.0, 0.0]]))
+    assert sent.counts.tolist() == [0, 1, 0]
+
+
+def test_class_means_from_training_steps_needs_a_step():
+    """Without a training step in the fit there is nothing to upload: one line naming the fix."""
+    client = FedProtoClient(TinyLinear(), num_classes=2, class_means_from="training_steps")
+    client.on_train_start()
+    with pytest.raises(TrainingError, match="no training step ran in this fit.*class_means_from='eval_pass'"):
+        client.make_upload([(torch.tensor([[1.0, 0.0]]), torch.tensor([0]))])

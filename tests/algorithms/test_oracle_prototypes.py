@@ -55,6 +55,9 @@ CASES = {
     "fedproto": lambda: FedProto(lr=LR, lam=LAM),
     "fd_mse": lambda: FD(lr=LR, gamma=GAMMA),
     "fd_ce": lambda: FD(lr=LR, gamma=GAMMA, distillation="ce"),
+    # the authors' code and HtFLlib: the means of what the training steps computed (train mode, every epoch)
+    "fedproto_steps": lambda: FedProto(lr=LR, lam=LAM, class_means_from="training_steps"),
+    "fd_steps": lambda: FD(lr=LR, gamma=GAMMA, class_means_from="training_steps"),
 }
 
 
@@ -68,17 +71,22 @@ def statistic(case: str, net, x):
     """(statistic, logits): the features for FedProto, the logits for FD."""
     z = net.forward_features(x)
     logits = net.forward_head(z)
-    return (z if case == "fedproto" else logits), logits
+    return (z if case.startswith("fedproto") else logits), logits
 
 
-def oracle_client(case: str, state: dict, data, global_means=None, present=None) -> dict:
-    """``STEPS`` SGD steps of CE plus the regulariser towards ``global_means[y]`` where ``present[y]``."""
+def oracle_client(case: str, state: dict, data, global_means=None, present=None, seen=None) -> dict:
+    """``STEPS`` SGD steps of CE plus the regulariser towards ``global_means[y]`` where ``present[y]``.
+
+    ``seen`` (a list) receives each step's statistic, as the step computed it (train mode, before its update).
+    """
     net = TinyBNNet(CHANNELS, M)
     net.load_state_dict(without_prefix(state, "model."))
     x, y = data
     for _ in range(STEPS):
         net.train()
         s, logits = statistic(case, net, x)
+        if seen is not None:
+            seen.append(s.detach().clone())
         loss = F.cross_entropy(logits, y)
         if global_means is not None:
             known = present[y]
@@ -87,7 +95,7 @@ def oracle_client(case: str, state: dict, data, global_means=None, present=None)
                 reg = -(torch.softmax(target, 1) * torch.log_softmax(s[known], 1)).sum(1).mean()
             else:
                 reg = ((s[known] - target) ** 2).mean()
-            loss = loss + (LAM if case == "fedproto" else GAMMA) * reg
+            loss = loss + (LAM if case.startswith("fedproto") else GAMMA) * reg
         loss.backward()
         sgd_step(net.parameters(), LR)
     return {**state, **prefixed(net.state_dict(), "model.")}
@@ -106,11 +114,22 @@ def oracle_upload(case: str, state: dict, data) -> tuple[torch.Tensor, torch.Ten
     return means, counts
 
 
+def oracle_upload_from_steps(seen, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class means of the statistics the training steps computed (all steps pooled), and the data's counts."""
+    statistics = torch.cat(seen)
+    labels = data[1].repeat(len(seen))
+    counts = torch.bincount(data[1], minlength=M)
+    means = torch.stack(
+        [statistics[labels == c].mean(0) if counts[c] else torch.zeros(statistics.shape[1]) for c in range(M)]
+    )
+    return means, counts
+
+
 def oracle_server(case: str, sent) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 6: ``sum_i |D_ij| / N_j C_i^(j)`` (FedProto); FD: the plain mean over the clients holding ``j``."""
     values = torch.stack([v for v, _ in sent]).double()
     counts = torch.stack([c for _, c in sent]).double()
-    weights = counts if case == "fedproto" else (counts > 0).double()
+    weights = counts if case.startswith("fedproto") else (counts > 0).double()
     total = weights.sum(0)
     means = (weights[:, :, None] * values).sum(0) / total.clamp_min(1)[:, None]
     return means.float(), total > 0
@@ -138,10 +157,14 @@ def test_class_statistic_method_matches_the_oracle(case):
     for cid, module in enumerate(modules):
         state = clone(module.client_state())
         payload = client_step(module, server.download_for(cid), client_data(cid), num_examples=6, epochs=STEPS)
-        expected = oracle_client(case, state, client_data(cid))
+        seen: list[torch.Tensor] = []
+        expected = oracle_client(case, state, client_data(cid), seen=seen)
         assert_moved(state, module.client_state(), f"{case} client {cid}")
         assert_states_close(module.client_state(), expected, f"{case} client {cid}")
-        means, counts = oracle_upload(case, expected, client_data(cid))
+        if case.endswith("_steps"):
+            means, counts = oracle_upload_from_steps(seen, client_data(cid))
+        else:
+            means, counts = oracle_upload(case, expected, client_data(cid))
         assert_states_close(
             {"values": payload.values, "counts": payload.counts}, {"values": means, "counts": counts}, "upload"
         )

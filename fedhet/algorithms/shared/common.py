@@ -448,12 +448,49 @@ class SeparatelyClippedClient(ClientModule):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
 
+class ClassSums:
+    """Per-class sums (float64) and counts of a per-sample statistic, added batch by batch.
+
+    What a class-mean upload accumulates, over an eval pass or over a fit's training steps.
+    """
+
+    def __init__(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.sums: Tensor | None = None
+        self.counts = torch.zeros(num_classes, dtype=torch.long)
+
+    def add(self, statistic: Tensor, labels: Tensor) -> None:
+        """Add a batch's ``[B, D]`` statistic (detached) under its ``[B]`` labels."""
+        means, counts = class_means(statistic.detach().double(), labels, self.num_classes)
+        sums = means * counts.unsqueeze(1)
+        self.sums = sums if self.sums is None else self.sums + sums
+        self.counts += counts.cpu()
+
+    def means(self) -> Tensor:
+        """``[C, D]`` float32 class means on the CPU; zero rows for classes never added."""
+        assert self.sums is not None, "no batch was added"
+        return (self.sums.cpu() / self.counts.clamp_min(1).unsqueeze(1)).float()
+
+
 Weighting = Literal["count", "uniform"]
+ClassMeansFrom = Literal["eval_pass", "training_steps"]
 
 
 @dataclass(frozen=True)
-class ClassMeanRegularizedHparams(LocalOptimizer):
-    """The hyperparameters of a :class:`ClassMeanRegularizedClient` (FedProto, FD, FedGH, FedTGP)."""
+class ClassStatisticHparams(LocalOptimizer):
+    """The local optimizer, and where a :class:`ClassMeanRegularizedClient`'s uploaded class means come from."""
+
+    class_means_from: ClassMeansFrom = knob(
+        "eval_pass",
+        "the uploaded class means: an eval-mode pass over the training data after local training (the papers' "
+        "definition, at the uploaded model) or the training steps' own outputs over every local epoch "
+        "(FedProto's and FD's code, HtFLlib's FedProto and FD: no extra pass)",
+    )
+
+
+@dataclass(frozen=True)
+class ClassMeanRegularizedHparams(ClassStatisticHparams):
+    """The hyperparameters of a :class:`ClassMeanRegularizedClient` regularised by ``lam`` (FedProto)."""
 
     lam: NonNegativeFloat = knob(
         0.1, "weight of the pull of a sample's statistic to its class's global value", log_uniform(1e-3, 10.0)
@@ -473,6 +510,8 @@ class ClassMeanRegularizedClient(ClientModule):
         super().__init__(model, num_classes, hp, **overrides)
         self.global_means: Tensor | None = None
         self.global_present: Tensor | None = None
+        #: the class sums of this fit's training steps (``class_means_from="training_steps"``)
+        self.training_sums: ClassSums | None = None
 
     def statistic_and_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The shared statistic of each sample, and the logits (abstract)."""
@@ -497,9 +536,17 @@ class ClassMeanRegularizedClient(ClientModule):
         self.global_means, self.global_present = self.global_means.to(device), self.global_present.to(device)
         return self.global_means, self.global_present
 
+    def on_train_start(self) -> None:
+        """A fit begins: the training-step sums of an earlier fit (another client's, round's) are not this one's."""
+        self.training_sums = None
+
     def local_loss(self, batch: Batch) -> Tensor:
         x, y = batch
         statistic, logits = self.statistic_and_logits(x)
+        if self.training and self.hp.class_means_from == "training_steps":
+            if self.training_sums is None:
+                self.training_sums = ClassSums(self.num_classes)
+            self.training_sums.add(statistic, y)
         loss = F.cross_entropy(logits, y)
         if self.global_means is not None and self.global_present is not None:
             means, present = self.global_on(statistic.device)
@@ -514,17 +561,29 @@ class ClassMeanRegularizedClient(ClientModule):
             self.global_present = download.counts > 0
 
     def make_upload(self, train_batches: Iterable[Batch]) -> ClassStatsPayload:
-        sums: Tensor | None = None
-        counts = torch.zeros(self.num_classes, dtype=torch.long)
+        """The class means of the statistic with the client's class counts (``|D_ij|``, paper Eq. 6's weights).
+
+        ``eval_pass``: one pass over the training data with the trained model. ``training_steps``:
+        the means of what every training step of this fit computed (train mode, the model of that
+        step, every local epoch); the counts are still the data's, for each class the steps saw.
+        """
+        if self.hp.class_means_from == "training_steps":
+            seen = self.training_sums
+            if seen is None or seen.sums is None:
+                raise TrainingError(
+                    f"{type(self).__name__}: class_means_from='training_steps' but no training step ran in this fit; "
+                    "give the client a local budget or use class_means_from='eval_pass'"
+                )
+            held = torch.zeros(self.num_classes, dtype=torch.long)
+            for _, y in train_batches:
+                held += torch.bincount(y.cpu(), minlength=self.num_classes)
+            return ClassStatsPayload(values=seen.means(), counts=torch.where(seen.counts > 0, held, 0))
+        sums = ClassSums(self.num_classes)
         for x, y in train_batches:
             statistic, _ = self.statistic_and_logits(x)
-            means, batch_counts = class_means(statistic.double(), y, self.num_classes)
-            batch_sums = means * batch_counts.unsqueeze(1)
-            sums = batch_sums if sums is None else sums + batch_sums
-            counts += batch_counts.cpu()
-        assert sums is not None, "a client without training data cannot upload class means"
-        values = (sums.cpu() / counts.clamp_min(1).unsqueeze(1)).float()
-        return ClassStatsPayload(values=values, counts=counts)
+            sums.add(statistic, y)
+        assert sums.sums is not None, "a client without training data cannot upload class means"
+        return ClassStatsPayload(values=sums.means(), counts=sums.counts)
 
 
 class FedProtoClient(ClassMeanRegularizedClient):
@@ -625,7 +684,7 @@ class EpochShuffledBatches(Sampler[list[int]]):
 
 
 @dataclass(frozen=True)
-class PrototypeServerHparams(LocalOptimizer):
+class PrototypeServerHparams(ClassStatisticHparams):
     """The server settings of a :class:`PrototypeTrainingServer` (FedGH, FedTGP; HtFLlib's names)."""
 
     server_lr: PositiveFloat = knob(0.01, "learning rate of the server's SGD (HtFLlib -slr)", log_uniform(1e-3, 1.0))
