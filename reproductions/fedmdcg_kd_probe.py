@@ -1,7 +1,10 @@
 """What FedMD-CG's server distillation does to the shared classifier (diagnostic for fedmdcg_mnist).
 
-One run of the ``fedmdcg_mnist`` cell (same scenario, budget and flags; the probe draws its
-noise inside ``torch.random.fork_rng``, so the run's numbers are the benchmark cell's). After
+One run of the ``fedmdcg_mnist`` cell: the shipped ``configs/experiments/mnist_mdcg/fedmdcg.yaml``
+(its scenario, model and method flags, read through :mod:`fedhet.config`) with the probe's
+budget on top (``--rounds``, ``--local_steps``, ``--server_steps``, ``--omega``, ``--aggregation``,
+``--seed``); the probe draws its noise inside ``torch.random.fork_rng``, so the run's numbers are
+the cell's. After
 every round it scores, on the 1,000 test digits and averaged over the 10 clients, each client's
 extractor ``F_i`` (as uploaded this round) with (a) its own classifier ``D_i``, (b) the
 example-weighted average ``D`` of the uploads (what ``AVE_agg`` downloads) and (c) the distilled
@@ -36,12 +39,10 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 
-from fedhet.algorithms.fedmdcg import FedMDCG  # noqa: E402
 from fedhet.algorithms.shared.generators import GeneratorClassifierServer  # noqa: E402
+from fedhet.config import build_experiment, parse_args  # noqa: E402
 from fedhet.core.state import clone_state, copy_state_into  # noqa: E402
-from fedhet.data import BalancedDirichletPartitioner, LabelSkewScenario  # noqa: E402
-from fedhet.federation import FederationLoop, FederationSettings  # noqa: E402
-from fedhet.federation.trainer import TrainerTemplate  # noqa: E402
+from fedhet.federation import FederationLoop, MemoryStateStore  # noqa: E402
 from fedhet.files import atomic_write_text  # noqa: E402
 
 OUT = Path(os.environ.get("FEDMDCG_BENCH_OUT", REPO / "docs" / "results"))
@@ -50,32 +51,8 @@ PROBE_JSON = OUT / "fedmdcg_kd_probe.json"
 DOC = REPO / "docs" / "fedmdcg.md"
 BEGIN, END = "<!-- kd-probe:begin (written by reproductions/fedmdcg_kd_probe.py) -->", "<!-- kd-probe:end -->"
 
-#: the authors' code flags the shipped FedMD-CG config uses (docs/fedmdcg.md)
-CODE_FLAGS = {
-    "ramp": "code",
-    "lambda_feature_mse": 0.1,
-    "client_temperature": 10.0,
-    "server_temperature": 10.0,
-    "server_loss_form": "code",
-}
-
-
-def scenario(seed: int, omega: float) -> LabelSkewScenario:
-    """The mnist_mdcg scenario (configs/experiments/mnist_mdcg/*.yaml)."""
-    return LabelSkewScenario(
-        dataset="mnist_all",
-        num_clients=10,
-        partitioner=BalancedDirichletPartitioner(omega=omega),
-        pool_train_test=False,
-        global_test_size=None,
-        global_val_size=100,
-        local_test="test_shards",
-        local_test_fraction=0.0,
-        local_val_fraction=0.0,
-        image_size=32,
-        batch_size=64,
-        seed=seed,
-    )
+#: the probed cell: everything but the probe's budget comes from here
+CONFIG = REPO / "configs" / "experiments" / "mnist_mdcg" / "fedmdcg.yaml"
 
 
 def probe_section(probes: dict[str, Any]) -> str:
@@ -199,23 +176,28 @@ def main() -> None:
         write_section()
         return
     torch.set_num_threads(1)
-
-    class Probed(FedMDCG):
-        def build_server(self) -> ProbedServer:
-            server = ProbedServer(self.make_generator, self.hp)
-            server.persistent_adam = args.persistent_server_adam
-            return server
-
-    Probed.__name__ = Probed.__qualname__ = "FedMDCG"
-    algorithm = Probed(
-        aggregation=args.aggregation, local_steps=args.local_steps, server_steps=args.server_steps,
-        optimizer="sgd", lr=0.05, weight_decay=1e-4, **CODE_FLAGS,
+    parser, config = parse_args(
+        [
+            "--config", str(CONFIG), "--seed", str(args.seed), "--rounds", str(args.rounds), "--threads", "1",
+            "--scenario.partitioner.init_args.omega", str(args.omega),
+            "--method.init_args.aggregation", args.aggregation,
+            "--method.init_args.local_steps", str(args.local_steps),
+            "--method.init_args.server_steps", str(args.server_steps),
+            "--federation.eval_every", "1", "--trainer.accelerator", "cpu", "--wandb.mode", "disabled",
+        ]
     )  # fmt: skip
+    experiment = build_experiment(parser, config, logging_run=False)
+    algorithm = experiment.method
+
+    def probed_server() -> ProbedServer:  # the config's FedMD-CG, with the probing server
+        server = ProbedServer(algorithm.make_generator, algorithm.hp)
+        server.persistent_adam = args.persistent_server_adam
+        return server
+
+    algorithm.build_server = probed_server
     probe = Probe()
-    loop = FederationLoop(
-        algorithm, scenario(args.seed, args.omega), ["lenet5"] * 10, TrainerTemplate(max_epochs=1, accelerator="cpu"),
-        rounds=args.rounds, seed=args.seed, settings=FederationSettings(eval_every=1), callbacks=[probe],
-    )  # fmt: skip
+    loop = experiment.build_loop(MemoryStateStore())
+    loop.callbacks.append(probe)
     started = time.perf_counter()
     loop.run()
     key = (

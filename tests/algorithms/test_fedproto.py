@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.fedproto import FedProto
-from fedhet.algorithms.shared.common import ClassMeanServer, FedProtoClient
+from fedhet.algorithms.shared.common import ClassMeanServer, ClassSums, FedProtoClient
 from fedhet.core.payloads import ClassStatsPayload
 from fedhet.errors import TrainingError
 from tests.algorithms.helpers import TinyLinear, context, upload
@@ -82,12 +82,11 @@ def test_fedproto_server_rejects_mismatched_prototypes():
 def test_class_means_from_training_steps_by_hand():
     """The steps' own features (every step and epoch) are averaged, with the data's counts; each fit starts afresh."""
     client = FedProtoClient(TinyLinear(), num_classes=3, class_means_from="training_steps")
-    client.train()
+    client.train()  # a fresh client: its first steps need no on_train_start
     data = [
         (torch.tensor([[1.0, 0.0], [0.0, 3.0]]), torch.tensor([0, 1])),
         (torch.tensor([[3.0, 0.0]]), torch.tensor([0])),
     ]
-    client.on_train_start()
     for x, y in data:  # epoch 1 with these features ...
         client.local_loss((x, y))
     client.local_loss((torch.tensor([[5.0, 2.0]]), torch.tensor([0])))  # ... and a later step saw others
@@ -97,11 +96,13 @@ def test_class_means_from_training_steps_by_hand():
     # class 0: (1 + 3 + 5) / 3 = 3 and (0 + 0 + 2) / 3 = 2/3; class 1: [0, 3]; class 2: never seen
     assert torch.allclose(sent.values, torch.tensor([[3.0, 2.0 / 3.0], [0.0, 3.0], [0.0, 0.0]]))
     assert sent.counts.tolist() == [2, 1, 0]  # |D_ij| of the data, not the 3 class-0 features the steps saw
+    assert sent.counts.dtype == torch.long
 
     client.on_train_start()  # the next client's (or round's) fit
     client.train()
     client.local_loss((torch.tensor([[0.0, 7.0]]), torch.tensor([1])))
-    sent = client.make_upload([(torch.tensor([[0.0, 7.0]]), torch.tensor([1]))])
+    # the data also holds a class-0 image no step saw (a budget cut short): no mean, so no count
+    sent = client.make_upload([(torch.tensor([[0.0, 7.0], [4.0, 4.0]]), torch.tensor([1, 0]))])
     assert torch.allclose(sent.values, torch.tensor([[0.0, 0.0], [0.0, 7.0], [0.0, 0.0]]))
     assert sent.counts.tolist() == [0, 1, 0]
 
@@ -110,5 +111,11 @@ def test_class_means_from_training_steps_needs_a_step():
     """Without a training step in the fit there is nothing to upload: one line naming the fix."""
     client = FedProtoClient(TinyLinear(), num_classes=2, class_means_from="training_steps")
     client.on_train_start()
-    with pytest.raises(TrainingError, match="no training step ran in this fit.*class_means_from='eval_pass'"):
+    with pytest.raises(TrainingError) as error:
         client.make_upload([(torch.tensor([[1.0, 0.0]]), torch.tensor([0]))])
+    assert str(error.value) == (
+        "FedProtoClient: class_means_from='training_steps' but no training step ran in this fit; "
+        "give the client a local budget or use class_means_from='eval_pass'"
+    )
+    with pytest.raises(AssertionError, match="^no batch was added$"):
+        ClassSums(2).means()
