@@ -241,11 +241,12 @@ _NOT_CONVERTIBLE = re.compile(
     r"with base \d+): '(.*)'$"
 )
 _EXPECTED_BUILTIN = re.compile(r"^(\s*)(?:- )?Expected a <class '(int|float|bool|str)'>\. Got value: (.*)$")
+_EXPECTED_CHOICE = re.compile(r"^(\s*)(?:- )?Expected a typing\.Literal\[(.*)\]\. Got value: (.*)$")
 _BUILTIN_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
 def type_error(message: str) -> str | None:
-    """One line for a value of the wrong type (``--method.lr fast``), from jsonargparse's nested error text.
+    """One line for a value of the wrong type (``--method.lr fast``) or not among a knob's choices, from jsonargparse.
 
     jsonargparse reports it as a 450-character tree of ``Parser key``/union lines with class
     reprs; users need the key, the value and what is expected (``None`` for other errors).
@@ -262,10 +263,13 @@ def type_error(message: str) -> str | None:
             continue
         match = _NOT_CONVERTIBLE.match(line)
         builtin = _EXPECTED_BUILTIN.match(line)
+        choice = _EXPECTED_CHOICE.match(line)
         if match and match.group(2) in RANGES:
             indent, wanted, given = len(match.group(1)), RANGES[match.group(2)], match.group(3)
         elif builtin:
             indent, wanted, given = len(builtin.group(1)), _BUILTIN_NAMES[builtin.group(2)], builtin.group(3)
+        elif choice:
+            indent, wanted, given = len(choice.group(1)), f"one of {choice.group(2)}", choice.group(3)
         else:
             continue
         here = ".".join(k for i, k in stack if i < indent)

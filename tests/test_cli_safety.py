@@ -578,6 +578,12 @@ def test_wandb_online_without_a_network_logs_offline_within_the_timeout(tmp_path
         (["--trainer.max_epochs=x"], "trainer.max_epochs=x is not a valid value: it must be an integer"),
         (["--federation.executor", "bogus"],
          "federation.executor=bogus is not an executor; use one of sequential, process, ray"),
+        (["--federation.state_store", "bogus"],
+         "federation.state_store=bogus is not a valid value: it must be one of 'auto', 'memory', 'disk'; "
+         "set --federation.state_store to such a value"),
+        (["--method.init_args.optimizer", "lbfgs"],  # a knob's choices, inside the method's class union
+         "method.optimizer=lbfgs is not a valid value: it must be one of 'sgd', 'adam', 'adamw'; "
+         "set --method.optimizer to such a value"),
     ],
 )
 def test_a_mistyped_value_is_one_short_line(extra, expected, tmp_path, capsys):
