@@ -124,8 +124,13 @@ class EnsembleDistillation(ServerRefinement):
                 f"feddf_server refines weight-averaging bases (FedAvg, FedProx, MOON, FedProc, FedRS), not "
                 f"{type(base).__name__}; set method.init_args.base to one of them"
             )
-        if context.public_loader is None or context.model_factory is None:
+        if context.public_loader is None:
             raise ConfigError("feddf_server needs unlabeled public data; set --scenario.public photos")
+        if context.model_factory is None:  # the round loop always sets it; a context built by hand may not
+            raise ConfigError(
+                "feddf_server needs the server context's model_factory to build its students; "
+                "build the ServerContext with model_factory=..."
+            )
         super().attach(base, context)
         for architecture in dict.fromkeys(context.architectures):
             self.students[architecture] = context.model_factory(architecture, context.seed)

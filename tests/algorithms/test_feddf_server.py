@@ -215,8 +215,12 @@ def test_the_distillation_refuses_what_it_cannot_refine_by_name():
         "feddf_server refines weight-averaging bases (FedAvg, FedProx, MOON, FedProc, FedRS), not ClassMeanServer; "
         "set method.init_args.base to one of them"
     )
-    message = "feddf_server needs unlabeled public data; set --scenario.public photos"
-    for missing in ("public_loader", "model_factory"):
+    messages = {
+        "public_loader": "feddf_server needs unlabeled public data; set --scenario.public photos",
+        "model_factory": "feddf_server needs the server context's model_factory to build its students; "
+        "build the ServerContext with model_factory=...",
+    }
+    for missing, message in messages.items():
         with pytest.raises(ConfigError) as error:
             EnsembleDistillation().attach(FedAvgServer(), dataclasses.replace(_context(), **{missing: None}))
         assert str(error.value) == message, missing
