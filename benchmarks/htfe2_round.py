@@ -45,7 +45,7 @@ fedhet HtFLlib's way, and so the same work); HtFLlib's round 0 evaluates nothing
 prototypes yet), its train loader keeps the data order and drops every last partial batch, it
 does not clip gradients, and it writes every client model to disk and reads it back each round;
 fedhet shuffles, drops only a last batch of one image, clips at ``--clip`` and keeps states in
-memory. Round 0 is the warm-up on both sides.
+memory. Round 0 is the warm-up on both sides. HtFLlib's PSS is taken once, after its last round.
 
 A quick end-to-end check (seconds per configuration, numbers meaningless)::
 
@@ -455,14 +455,15 @@ def main() -> None:
             f"| {labels[name]} | {median:.2f} | {3600 / median:.0f} | {outside} | {rss:.2f}{detail} "
             f"| {result['tree_pss_gb']:.2f} | {startup} |"
         )
-    steps = next(result["steps_per_round"] for name, result in results.items() if name in LABELS)
+    steps = next((result["steps_per_round"] for name, result in results.items() if name in LABELS), 0)
     if "ray" in results and results["ray"].get("states_kept") is not None:
         ray_result = results["ray"]
         print(
             f"\nray: {ray_result['states_kept']} client tasks used the state kept on their worker, "
             f"{ray_result['states_sent']} carried it (all {args.rounds + 1} rounds, fits and evaluations)"
         )
-    print(f"\n{steps} local steps per round; {load()}")
+    if steps:
+        print(f"\n{steps} local steps per round; {load()}")
     single = [name for name in results if name in ("seq1", "ray")]
     if len(single) == 2:
         same = results["seq1"]["weights"] == results["ray"]["weights"]
