@@ -157,7 +157,10 @@ def test_the_server_needs_a_factory_and_builds_its_classifier_from_client_zero_w
             ServerContext(num_clients=1, num_classes=M, architectures=("tiny",), seed=0,
                           initial_client_state=lambda cid: {})  # fmt: skip
         )
-    assert str(error.value) == "GeneratorClassifierServer needs a model factory to build the global classifier"
+    assert str(error.value) == (
+        "GeneratorClassifierServer (the server of FedMD-CG and FedCG) needs the server context's model_factory "
+        "to build the global classifier; build the ServerContext with model_factory=..."
+    )
 
 
 def _payload(client, counts=(1, 1, 1, 1), examples=4):

@@ -377,7 +377,10 @@ class GeneratorClassifierServer(TrainableServerPhase):
 
     def setup_server(self, context: ServerContext) -> None:
         if context.model_factory is None:
-            raise ConfigError(f"{type(self).__name__} needs a model factory to build the global classifier")
+            raise ConfigError(
+                f"{type(self).__name__} (the server of FedMD-CG and FedCG) needs the server context's model_factory "
+                "to build the global classifier; build the ServerContext with model_factory=..."
+            )
         initial = context.initial_client_state(0)
         self.num_classes = context.num_classes
         self.held = context.label_counts
