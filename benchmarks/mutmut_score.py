@@ -718,19 +718,17 @@ EQUIVALENT: dict[str, str] = {
     "fedhet.algorithms.rhfl.xǁRHFLPhaseǁpeer_confidences: weights = [getattr(self.clients[index], \"confidence\", ) "
     "for index in self.exchanging]": "every participant of RHFL's phase is an RHFLClient, whose constructor sets "
     "confidence: the default is never used",
-    # SCAFFOLD's and FedDyn's servers: a uniform average of the buffers plus one per-parameter state per group
-    **{f"fedhet.algorithms.{server}ǁ__init__: {line}": reason
-       for server, state in (("scaffold.xǁScaffoldServer", "control"), ("feddyn.xǁFedDynServer", "h"))
+    # SCAFFOLD's and FedDyn's server (CorrectedAverageServer): a uniform average of the buffers plus one state per group
+    **{f"fedhet.algorithms.shared.common.xǁCorrectedAverageServerǁ__init__: {line}": reason
        for line, reason in (
            *((f"self.weighting = {value}", "SubmoduleAveragingServer weighs by examples only for 'samples': any "
               "other value averages uniformly, as 'uniform' does") for value in ('"XXuniformXX"', '"UNIFORM"', "None")),
            *((line, "a placeholder that setup_server() replaces (it rebuilds an empty or missing state)")
-             for line in (f"self.{state}_by_architecture: dict[str, dict[str, Tensor]] = None",
+             for line in ("self.state_by_architecture: dict[str, dict[str, Tensor]] = None",
                           "self.clients_by_architecture: dict[str, int] = None")))},
-    **{f"fedhet.algorithms.{line}": "SubmoduleAveragingServer.aggregate does not read round_idx" for line in (
-        "scaffold.xǁScaffoldServerǁaggregate: super().aggregate(None, uploads)  # global <- uniform mean (buffers)",
-        "feddyn.xǁFedDynServerǁaggregate: super().aggregate(None, uploads)  # validates; global <- uniform mean of "
-        "the uploads")},
+    "fedhet.algorithms.shared.common.xǁCorrectedAverageServerǁaggregate: super().aggregate(None, uploads)  "
+    "# validates; global <- uniform mean of the uploads (buffers too)":
+    "SubmoduleAveragingServer.aggregate does not read round_idx",
     "fedhet.algorithms.scaffold.xǁScaffoldClientǁ_reset_round: self.correction: list[Tensor] = None  # c - c_i, "
     "fixed during the local update": "read only for truth (on_before_optimizer_step) until on_fit_start sets it: "
     "None and [] are both false",

@@ -58,8 +58,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
+from fedhet.algorithms.base import Batch, ClientUpload, ServerPhase
+from fedhet.algorithms.shared.common import (
+    CorrectedAverageServer,
+    FedAvgClient,
+    ParameterBuffers,
+    WeightAveraging,
+)
 from fedhet.core.payloads import Payload, WeightsPayload
 from fedhet.functional import linear_term, proximal_term
 from fedhet.hparams import Hyperparameters, LocalOptimizer, Momentum, PositiveFloat, categorical, knob, log_uniform
@@ -139,51 +144,33 @@ class FedDynClient(FedAvgClient):
         self.update_gradient_state()
 
 
-class FedDynServer(FedAvgServer):
+class FedDynServer(CorrectedAverageServer):
     """FedDyn's server: ``h`` and the corrected mean of Algorithm 1's server update, per architecture.
 
-    The mean is uniform over the round's participants (``1/|P_t|``), ``h`` divides by the number of
-    all clients of the architecture (``m``); buffers are averaged without correction.
-
-    Args:
-        hp: the method's hyperparameters (``None``: the declared defaults); it reads the clients' ``alpha``.
-        **overrides: single hyperparameters by name, applied on top of ``hp``.
+    The mean is uniform over the round's participants (``1/|P_t|``), ``h`` (:attr:`state_by_architecture`)
+    divides by the number of all clients of the architecture (``m``); buffers are averaged without
+    correction. It reads the clients' ``alpha``.
     """
 
     Hparams: ClassVar[type[Hyperparameters]] = FedDynHparams
+    state_prefix = GRADIENT_STATE
+    state_key = "h_by_architecture"
+    method_name = "FedDyn"
 
-    def __init__(self, hp: Any = None, **overrides: Any) -> None:
-        super().__init__()
-        self.hp: Any = hparams_for(type(self), hp, overrides)
-        self.weighting = "uniform"
-        self.h_by_architecture: dict[str, dict[str, Tensor]] = {}
-        self.clients_by_architecture: dict[str, int] = {}
-
-    def setup_server(self, context: ServerContext) -> None:
-        super().setup_server(context)
-        self.clients_by_architecture = self.group_sizes()
-        if not self.h_by_architecture:  # a resumed server keeps the h its checkpoint restores
-            self.h_by_architecture = self.zeros_per_group(context, GRADIENT_STATE, "FedDyn")
-
-    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
-        super().aggregate(round_idx, uploads)  # validates; global <- uniform mean of the uploads
-        for key, members in self.group_uploads(uploads).items():
-            h, mean, before = self.h_by_architecture[key], self.global_by_architecture[key], previous[key]
-            m = self.clients_by_architecture[key]
-            for name, h_old in h.items():
-                drift = torch.stack([u.payload.weights[name].double() for u in members]).sum(0)  # type: ignore[attr-defined]
-                drift = drift - len(members) * before[name].double()  # sum_{k in P_t} (theta_k - theta^{t-1})
-                h_new = h_old.double() - self.hp.alpha / m * drift
-                h[name] = h_new.to(h_old.dtype)
-                mean[name] = (mean[name].double() - h_new / self.hp.alpha).to(mean[name].dtype)
-
-    def server_state(self) -> dict[str, Any]:
-        return {**super().server_state(), "h_by_architecture": self.h_by_architecture}
-
-    def load_server_state(self, state: Mapping[str, Any]) -> None:
-        super().load_server_state(state)
-        self.h_by_architecture = {a: dict(h) for a, h in state["h_by_architecture"].items()}
+    def correct(
+        self,
+        state: dict[str, Tensor],
+        model: dict[str, Tensor],
+        previous: Mapping[str, Tensor],
+        members: Sequence[ClientUpload],
+        clients: int,
+    ) -> None:
+        for name, h_old in state.items():
+            drift = torch.stack([u.payload.weights[name].double() for u in members]).sum(0)  # type: ignore[attr-defined]
+            drift = drift - len(members) * previous[name].double()  # sum_{k in P_t} (theta_k - theta^{t-1})
+            h_new = h_old.double() - self.hp.alpha / clients * drift
+            state[name] = h_new.to(h_old.dtype)
+            model[name] = (model[name].double() - h_new / self.hp.alpha).to(model[name].dtype)
 
 
 class FedDyn(WeightAveraging):

@@ -61,8 +61,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from fedhet.algorithms.base import Batch, ClientUpload, ServerContext, ServerPhase, hparams_for
-from fedhet.algorithms.shared.common import FedAvgClient, FedAvgServer, ParameterBuffers, WeightAveraging
+from fedhet.algorithms.base import Batch, ClientUpload, ServerPhase
+from fedhet.algorithms.shared.common import (
+    CorrectedAverageServer,
+    FedAvgClient,
+    ParameterBuffers,
+    WeightAveraging,
+)
 from fedhet.core.payloads import Payload, WeightsPayload, check_like
 from fedhet.core.state import clone_state
 from fedhet.errors import ConfigError
@@ -188,59 +193,42 @@ class ScaffoldClient(FedAvgClient):
         return ScaffoldPayload(weights=clone_state(self.model.state_dict()), control=clone_state(delta))
 
 
-class ScaffoldServer(FedAvgServer):
+class ScaffoldServer(CorrectedAverageServer):
     """SCAFFOLD's server: ``x <- x + eta_g mean Delta y_i``, ``c <- c + (1/N) sum Delta c_i``, per architecture.
 
-    Args:
-        hp: the method's hyperparameters (``None``: the declared defaults); it reads ``global_lr``.
-        **overrides: single hyperparameters by name, applied on top of ``hp``.
+    Its state is the server control variate ``c`` (:attr:`state_by_architecture`); it reads ``global_lr``.
     """
 
     Hparams: ClassVar[type[Hyperparameters]] = ScaffoldHparams
-
-    def __init__(self, hp: Any = None, **overrides: Any) -> None:
-        super().__init__()
-        self.hp: Any = hparams_for(type(self), hp, overrides)
-        self.weighting = "uniform"
-        self.control_by_architecture: dict[str, dict[str, Tensor]] = {}
-        self.clients_by_architecture: dict[str, int] = {}
-
-    def setup_server(self, context: ServerContext) -> None:
-        super().setup_server(context)
-        self.clients_by_architecture = self.group_sizes()
-        if not self.control_by_architecture:  # a resumed server keeps the c its checkpoint restores
-            self.control_by_architecture = self.zeros_per_group(context, CONTROL_VARIATE, "SCAFFOLD")
+    state_prefix = CONTROL_VARIATE
+    state_key = "control_by_architecture"
+    method_name = "SCAFFOLD"
 
     def check_upload(self, upload: ClientUpload) -> None:
         """The global model's layout (FedAvg's check) plus a control variate shaped like the server's ``c``."""
         payload = upload.expect(ScaffoldPayload, "SCAFFOLD's weights and control variate (ScaffoldPayload)")
         self.check_weights(upload, payload)
-        reference = self.control_by_architecture[self.group(upload.architecture)]
+        reference = self.state_by_architecture[self.group(upload.architecture)]
         check_like(upload.sender, "control", payload.control, reference, "the server's c", "a control variate")
 
-    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
-        previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
-        super().aggregate(round_idx, uploads)  # global <- uniform mean (buffers)
-        for key, members in self.group_uploads(uploads).items():
-            control, model, x = self.control_by_architecture[key], self.global_by_architecture[key], previous[key]
-            total = self.clients_by_architecture[key]
-            for name, c in control.items():
-                ys = torch.stack([u.payload.weights[name].double() for u in members])  # type: ignore[attr-defined]
-                delta_y = ys.mean(0) - x[name].double()  # (1/|S|) sum (y_i - x)
-                model[name] = (x[name].double() + self.hp.global_lr * delta_y).to(x[name].dtype)
-                delta_c = torch.stack([u.payload.control[name].double() for u in members]).sum(0)  # type: ignore[attr-defined]
-                control[name] = (c.double() + delta_c / total).to(c.dtype)  # (|S|/N) * mean = sum / N
+    def correct(
+        self,
+        state: dict[str, Tensor],
+        model: dict[str, Tensor],
+        previous: Mapping[str, Tensor],
+        members: Sequence[ClientUpload],
+        clients: int,
+    ) -> None:
+        for name, c in state.items():
+            ys = torch.stack([u.payload.weights[name].double() for u in members])  # type: ignore[attr-defined]
+            delta_y = ys.mean(0) - previous[name].double()  # (1/|S|) sum (y_i - x)
+            model[name] = (previous[name].double() + self.hp.global_lr * delta_y).to(previous[name].dtype)
+            delta_c = torch.stack([u.payload.control[name].double() for u in members]).sum(0)  # type: ignore[attr-defined]
+            state[name] = (c.double() + delta_c / clients).to(c.dtype)  # (|S|/N) * mean = sum / N
 
     def download_for(self, client_id: int) -> ScaffoldPayload:
         key = self.group(self.architectures[client_id])
-        return ScaffoldPayload(weights=self.global_by_architecture[key], control=self.control_by_architecture[key])
-
-    def server_state(self) -> dict[str, Any]:
-        return {**super().server_state(), "control_by_architecture": self.control_by_architecture}
-
-    def load_server_state(self, state: Mapping[str, Any]) -> None:
-        super().load_server_state(state)
-        self.control_by_architecture = {a: dict(c) for a, c in state["control_by_architecture"].items()}
+        return ScaffoldPayload(weights=self.global_by_architecture[key], control=self.state_by_architecture[key])
 
 
 class SCAFFOLD(WeightAveraging):

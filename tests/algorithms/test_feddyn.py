@@ -92,7 +92,7 @@ def test_feddyn_server_h_and_theta_by_hand_with_partial_participation():
     )
     server.aggregate(0, [upload(0, w([1.0, 2.0], 1.0, 30)), upload(1, w([3.0, -2.0], 3.0, 10))])
     # sum (theta_k - 0) = [4, 0]; h = -0.5 / 3 * [4, 0] = [-2/3, 0]; mean [2, 0] - h / 0.5 = [10/3, 0]
-    assert torch.allclose(server.h_by_architecture["x"]["w"], torch.tensor([-2 / 3, 0.0]))
+    assert torch.allclose(server.state_by_architecture["x"]["w"], torch.tensor([-2 / 3, 0.0]))
     theta = server.download_for(2).weights
     assert torch.allclose(theta["w"], torch.tensor([10 / 3, 0.0]))
     # the buffer is the uniform participant mean (example weights would give 1.5), with no h correction
@@ -100,11 +100,11 @@ def test_feddyn_server_h_and_theta_by_hand_with_partial_participation():
     server.aggregate(1, [upload(1, w([4.0, 1.0], 0.0, 10)), upload(2, w([2.0, 3.0], 0.0, 10))])
     # sum (theta_k - [10/3, 0]) = [-2/3, 4]; h = [-2/3, 0] - 0.5/3 [-2/3, 4] = [-5/9, -2/3]
     # theta = [3, 2] - h / 0.5 = [37/9, 10/3]
-    assert torch.allclose(server.h_by_architecture["x"]["w"], torch.tensor([-5 / 9, -2 / 3]))
+    assert torch.allclose(server.state_by_architecture["x"]["w"], torch.tensor([-5 / 9, -2 / 3]))
     assert torch.allclose(server.download_for(0).weights["w"], torch.tensor([37 / 9, 10 / 3]))
     restored = _server(alpha=0.5, clients=3, initial=initial)
     restored.load_server_state(server.server_state())
-    assert torch.equal(restored.h_by_architecture["x"]["w"], server.h_by_architecture["x"]["w"])
+    assert torch.equal(restored.state_by_architecture["x"]["w"], server.state_by_architecture["x"]["w"])
 
 
 def _one_local_step(alpha: float, x: torch.Tensor, y: torch.Tensor, lr: float) -> FedDynClient:
@@ -166,7 +166,7 @@ def test_feddyn_server_h_is_the_mean_client_gradient_state_in_a_run():
     """In a 2-round run with 2 of 3 clients per round, h = (1/m) sum over all clients of their stored g_k."""
     loop, summary = label_skew_run(FedDyn(alpha=0.1, lr=0.05), participation=2)
     assert "acc_server" in summary["final"]
-    h = loop.server.h_by_architecture["cnn_tiny"]
+    h = loop.server.state_by_architecture["cnn_tiny"]
     states = [loop.store.get(cid)["module"] for cid in range(loop.scenario.num_clients)]
     for name, value in h.items():
         mean = torch.stack([s[f"gradient_state.{name}"] for s in states]).mean(0)

@@ -138,7 +138,7 @@ def test_scaffold_server_c_is_the_mean_client_control_variate_in_a_run():
     """In a 2-round run with 2 of 3 clients per round, c = (1/N) sum over all clients of their stored c_i."""
     loop, summary = label_skew_run(SCAFFOLD(lr=0.05), participation=2)
     assert "acc_server" in summary["final"]
-    control = loop.server.control_by_architecture["cnn_tiny"]
+    control = loop.server.state_by_architecture["cnn_tiny"]
     states = [loop.store.get(cid)["module"] for cid in range(loop.scenario.num_clients)]
     for name, value in control.items():
         mean = torch.stack([s[f"control_variate.{name}"] for s in states]).mean(0)

@@ -172,7 +172,7 @@ def test_a_method_specific_field_is_screened_where_it_enters(policy):
         return
     loop.run()
     assert [(d["round"], d["client"]) for d in loop.dropped_uploads] == [(1, 1)]
-    controls = loop.server.control_by_architecture.values()
+    controls = loop.server.state_by_architecture.values()
     assert {t.dtype for control in controls for t in control.values()} == {torch.float32}
 
 

@@ -313,6 +313,69 @@ class FedAvgServer(SubmoduleAveragingServer):
     """
 
 
+class CorrectedAverageServer(FedAvgServer, ABC):
+    """FedAvg's uniform mean, then a per-architecture correction that keeps a state of its own.
+
+    FedDyn's ``h`` and SCAFFOLD's ``c``: shaped like the clients' buffers under :attr:`state_prefix`,
+    zero at the start (a resumed server keeps what its checkpoint restores), checkpointed under
+    :attr:`state_key`. Subclasses define :meth:`correct`.
+
+    Args:
+        hp: the method's hyperparameters (``None``: the declared defaults).
+        **overrides: single hyperparameters by name, applied on top of ``hp``.
+    """
+
+    Hparams: ClassVar[type[Hyperparameters]]
+    #: the client-state prefix of the buffers the server state is shaped like
+    state_prefix: ClassVar[str]
+    #: the server state's key in checkpoints
+    state_key: ClassVar[str]
+    #: the method's name in messages
+    method_name: ClassVar[str]
+
+    def __init__(self, hp: Any = None, **overrides: Any) -> None:
+        super().__init__()
+        self.hp: Any = hparams_for(type(self), hp, overrides)
+        self.weighting = "uniform"
+        self.state_by_architecture: dict[str, dict[str, Tensor]] = {}
+        self.clients_by_architecture: dict[str, int] = {}
+
+    def setup_server(self, context: ServerContext) -> None:
+        super().setup_server(context)
+        self.clients_by_architecture = self.group_sizes()
+        if not self.state_by_architecture:  # a resumed server keeps the state its checkpoint restores
+            self.state_by_architecture = self.zeros_per_group(context, self.state_prefix, self.method_name)
+
+    def aggregate(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
+        previous = {key: dict(weights) for key, weights in self.global_by_architecture.items()}
+        super().aggregate(round_idx, uploads)  # validates; global <- uniform mean of the uploads (buffers too)
+        for key, members in self.group_uploads(uploads).items():
+            state, model = self.state_by_architecture[key], self.global_by_architecture[key]
+            self.correct(state, model, previous[key], members, self.clients_by_architecture[key])
+
+    @abstractmethod
+    def correct(
+        self,
+        state: dict[str, Tensor],
+        model: dict[str, Tensor],
+        previous: Mapping[str, Tensor],
+        members: Sequence[ClientUpload],
+        clients: int,
+    ) -> None:
+        """Update one architecture's ``state`` and its averaged ``model`` in place.
+
+        ``previous`` is the global model before this round, ``members`` the round's uploads of
+        the architecture and ``clients`` how many clients (participating or not) it has.
+        """
+
+    def server_state(self) -> dict[str, Any]:
+        return {**super().server_state(), self.state_key: self.state_by_architecture}
+
+    def load_server_state(self, state: Mapping[str, Any]) -> None:
+        super().load_server_state(state)
+        self.state_by_architecture = {a: dict(s) for a, s in state[self.state_key].items()}
+
+
 class WeightAveraging(Algorithm):
     """The weight-averaging frame of FedAvg and its family (FedProx, FedDyn, SCAFFOLD, MOON, FedProc, FedRS).
 
