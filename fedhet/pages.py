@@ -24,7 +24,8 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,17 @@ class Grid:
 
     def tuned(self, row: Row) -> bool:
         return self.tuning is not None and row.tune
+
+    def names(self, shown: Iterable[str] | None = None) -> dict[str, str]:
+        """Every row's name on the page, by label; a name two ``shown`` rows share (default: all) gets its label.
+
+        One method often stands in several rows (FedVTC at Dir(0.1) and at Dir(1.0)): a list of
+        every row, a claim's "rows compared" or a figure's legend would otherwise not say which row
+        a line is (a legend would even merge the two), while a table of one setting keeps the names plain.
+        """
+        shown = {r.label for r in self.rows} if shown is None else set(shown)
+        counts = Counter(r.name for r in self.rows if r.label in shown)
+        return {r.label: r.name if counts[r.name] < 2 else f"{r.name} ({r.label})" for r in self.rows}
 
     def selected_config(self, row: Row) -> Path:
         """Where the tuning stage writes a tuned row's selected config (its seeds run it)."""
@@ -770,7 +782,7 @@ def column_values(
 
 def markdown_table(table: Table, grid: Grid, by_row: dict[str, list[dict[str, Any]]]) -> str:
     """One table: a line per row that has records, ``mean ± std`` over seeds (one seed: the value)."""
-    names = {r.label: r.name for r in grid.rows}
+    names = grid.names(table.labels(row)[0] for row in table.rows)
     columns = [table.header(group, column) for _, group in table.groups() for column in table.columns]
     header = [table.label, *(["seeds"] if table.seeds_column else []), *columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -830,7 +842,7 @@ def outcome_table(table: Table, grid: Grid, ended: dict[str, dict[str, Any]]) ->
 
     Then one line counting the rows that completed every seed (a divergence at any seed is a finding, not noise).
     """
-    names = {r.label: r.name for r in grid.rows}
+    names = grid.names(ended)
     lines = [f"| {table.label} | seeds run | completed | diverged (seed: round) | failed (seed) |",
              "|---|---|---|---|---|"]  # fmt: skip
     complete, broken, unfinished = [], [], []
@@ -864,7 +876,7 @@ def draw_figure(grid: Grid, figure: Figure, by_row: dict[str, list[dict[str, Any
 
     if figure.kind == "images":
         return draw_images_figure(grid, figure)
-    names = {r.label: r.name for r in grid.rows}
+    names = grid.names(figure.rows)
     rows = [label for label in figure.rows if by_row.get(label)]
     if figure.kind == "curves":
         series = {names[label]: [[r.get("curves", {}).get(m, []) for m in figure.metrics] for r in by_row[label]]
@@ -933,7 +945,7 @@ def claims_markdown(results: Sequence[dict[str, Any]], names: dict[str, str]) ->
 def tuning_markdown(grid: Grid, studies: dict[str, dict[str, Any]]) -> str:
     """Per tuned row: what was searched, the trials, the selected values and their validation score."""
     assert grid.tuning is not None
-    names = {r.label: r.name for r in grid.rows}
+    names = grid.names()
     metric = f"val/{grid.tuning.metric}"
     lines = [f"| row | searched | trials (complete / pruned / failed) | selected {metric} | selected values |",
              "|---|---|---|---|---|"]  # fmt: skip
@@ -1051,7 +1063,7 @@ def render_page(
               for t in grid.tables}  # fmt: skip
     figures = {f.name: draw_figure(grid, f, by_row) for f in grid.figures}
     claims = claim_results(grid, by_row)
-    names = {r.label: r.name for r in grid.rows}
+    names = grid.names()
     ordered = [records[c.label, c.seed] for r in grid.rows for c in grid.cells()
                if c.label == r.label and (c.label, c.seed) in records]  # fmt: skip
 
@@ -1274,7 +1286,7 @@ def claims_page(grid_paths: Sequence[str], page: Path = CLAIMS_PAGE) -> str:
             lines += [f"Not run yet: `{grid.command()}`.", ""]
             lines += [f"* {c.claim} ({c.paper or 'no paper reference'})" for c in grid.claims] + [""]
             continue
-        names = {r.label: r.name for r in grid.rows}
+        names = grid.names()
         missing = payload.get("missing") or []
         if missing:
             lines += [f"**Partial**: {len(missing)} cells of the page are not recorded yet; these verdicts are over "

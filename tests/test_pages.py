@@ -155,6 +155,35 @@ def test_page_from_run_directories_then_from_its_json(tmp_path, capsys, monkeypa
     assert code == 2 and "skew/fedavg seed 0 was run with" in line and "--rounds=3" in line
 
 
+def test_a_name_two_rows_share_gets_each_rows_label_where_both_are_listed(tmp_path, capsys, monkeypatch):
+    """One method in two settings: plain in a table of one setting; labelled where both show (table, figure, claim)."""
+    monkeypatch.chdir(ROOT)
+    text = GRID.format(page=tmp_path / "docs" / "page.md", out=tmp_path / "runs")
+    text = text.replace("    name: Local\n", "    name: FedAvg\n").replace("  - name: cost\n    seeds: [1]\n",
+                                                                          "  - name: cost\n    rows: [skew/local]\n")
+    text = text.replace("  {figure:curves}\n", "  {figure:curves}\n\n  {claims}\n")
+    text += ("claims:\n  - {claim: one beats the other, better: skew/fedavg, than: skew/local, "
+             "metric: last3/acc_local}\n")
+    grid_path = tmp_path / "page.yaml"
+    grid_path.write_text(text)
+    grid = parse_grid(grid_path)
+    assert grid.names() == {"skew/fedavg": "FedAvg (skew/fedavg)", "skew/local": "FedAvg (skew/local)"}
+    assert grid.names(["skew/local"]) == {"skew/fedavg": "FedAvg", "skew/local": "FedAvg"}  # one shown: plain
+    series = {}
+    monkeypatch.setattr("fedhet.bench.curves_png", lambda path, drawn, metrics: series.update(drawn))
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _fake_run(runs / f"skew/fedavg/seed{seed}", "FedAvg", [10, 20, 30 + seed], None, 0)
+        _fake_run(runs / f"skew/local/seed{seed}", "FedAvg", [5, 10, 15 + seed], None, 0)
+    assert main(["bench", "--grid", str(grid_path), "--report_only"]) == 0
+    page = (tmp_path / "docs" / "page.md").read_text()
+    # last3: (10 + 20 + 30) / 3 = 20 and (10 + 20 + 31) / 3 = 20.33: 20.17 ± 0.24 (Local: 10 lower)
+    assert "| FedAvg (skew/fedavg) | 20.17 ± 0.24 |" in page and "| FedAvg (skew/local) | 10.17 ± 0.24 |" in page
+    assert "| method | wall s |\n|---|---|\n| FedAvg | 3 ± 0 |\n" in page  # a table of one row: no label needed
+    assert "| FedAvg (skew/fedavg) vs FedAvg (skew/local) |" in page  # the claim's rows compared
+    assert sorted(series) == ["FedAvg (skew/fedavg)", "FedAvg (skew/local)"]  # two curves, not one merged
+
+
 @pytest.mark.parametrize(
     ("change", "pattern"),
     [
