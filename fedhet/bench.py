@@ -517,11 +517,12 @@ def plan(
 
 
 def validate_cells(cells: Sequence[Cell], root: Path) -> None:
-    """Parse each distinct config + flags with its command's parser (``fedhet fit``'s or ``fedhet attack``'s).
+    """Parse each distinct config + flags as its command does (``fedhet fit``'s or ``fedhet attack``'s).
 
-    Bad input fails before any run.
+    Bad input fails before any run; what the command accepts passes (a method's or an executor's
+    short name is mapped first, as :func:`fedhet.cli.main` maps it).
     """
-    from fedhet.config import build_parser, parse_config
+    from fedhet.config import build_parser, parse_config, prepare_args
     from fedhet.privacy.command import parse_attack
 
     parser = build_parser()
@@ -535,7 +536,7 @@ def validate_cells(cells: Sequence[Cell], root: Path) -> None:
             if cell.command_name == "attack":
                 parse_attack(["--config", cell.config, *cell.flags])
             elif cell.command_name == "fit":
-                parse_config(parser, ["--config", cell.config, *cell.flags])
+                parse_config(parser, prepare_args(["--config", cell.config, *cell.flags]))
             else:
                 raise ConfigError(f"command {cell.command_name!r}: a cell runs one of {', '.join(CELL_COMMANDS)}")
         except ConfigError as exc:

@@ -248,6 +248,15 @@ def test_shipped_grids_parse_and_name_their_pages(monkeypatch):
         validate_cells(rows + selected, ROOT / grid.out)  # every row (and selected config) parses as its command's
 
 
+
+def test_a_cells_flags_validate_as_fedhet_fit_reads_them(tmp_path):
+    """Short executor and method names pass validation, as ``fedhet fit`` maps them; a wrong one is one line."""
+    config = "configs/experiments/digits_dir/fedavg.yaml"
+    validate_cells([Cell("seq", config, 0, ("--federation.executor=sequential",)),
+                    Cell("named", config, 0, ("--federation.executor", "process", "--method=fedprox"))], tmp_path)
+    with pytest.raises(ConfigError, match=r"^typo: .*sequentail"):
+        validate_cells([Cell("typo", config, 0, ("--federation.executor=sequentail",))], tmp_path)
+
 ATTACK_GRID = """
 title: Attack
 page: {page}
