@@ -1080,7 +1080,9 @@ def render_page(
             "command": grid.command(),
             "json_command": grid.json_command(),
             "seeds": " ".join(map(str, grid.seeds)),
-            "missing": "every cell was run" if not missing else "not run: " + "; ".join(missing),
+            "missing": "every cell was run" if not missing else
+            f"{len(missing)} of {len(grid.cells())} have no numbers (`{grid.continue_command()}` runs them and "
+            "rewrites this page): " + "; ".join(missing),
             "claims": claims_markdown(claims, names) if grid.claims else "",
             "tuning": tuning_markdown(grid, studies) if grid.tuning else "",
             "budget": budget_markdown(grid, studies, ordered, threads) if grid.tuning else "",

@@ -118,7 +118,9 @@ def test_page_from_run_directories_then_from_its_json(tmp_path, capsys, monkeypa
     assert "| Local | 80.00 | - | 0.00 | - |" in page
     assert "| method | wall s |\n|---|---|\n| FedAvg | 7 |\n" in page  # seed 1 only (7.4 s), no decimals
     assert "| method | acc_local | G.acc | MB per round | gain over Local |" in page
-    assert f"Regenerate: `fedhet bench --grid {grid}`; seeds 0 1; not run: skew/local seed 1." in page
+    continued = f"fedhet bench --grid {grid} --from_json {tmp_path / 'docs' / 'page.json'}"
+    assert (f"Regenerate: `fedhet bench --grid {grid}`; seeds 0 1; 1 of 4 have no numbers (`{continued}` runs them "
+            "and rewrites this page): skew/local seed 1.") in page
     assert "![curves](page_curves.png)" in page
     assert (tmp_path / "docs" / "page_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     payload = json.loads((tmp_path / "docs" / "page.json").read_text())
@@ -536,8 +538,8 @@ def test_a_cell_that_failed_says_why_on_the_page(tmp_path, capsys, monkeypatch):
         "epoch 1\nfedhet: error: client 3 got a non-finite training loss in round 4 (stage 'local')\n")
     assert main(["bench", "--grid", str(grid), "--report_only"]) == 0
     page = (tmp_path / "docs" / "page.md").read_text()
-    assert "not run: skew/local seed 1 (failed: client 3 got a non-finite training loss in round 4 (stage 'local'))" \
-        in page
+    assert ("this page): skew/local seed 1 (failed: client 3 got a non-finite training loss in round 4 "
+            "(stage 'local'))") in page
     payload = json.loads((tmp_path / "docs" / "page.json").read_text())
     assert payload["missing"] == ["skew/local seed 1 (failed: client 3 got a non-finite training loss in round 4 "
                                   "(stage 'local'))"]  # fmt: skip
