@@ -184,6 +184,19 @@ class ServerContext:
             return self.label_counts
         return self.label_counts_source()
 
+    def require(self, field: str, server: str, purpose: str) -> Any:
+        """The value of ``field``, or one :class:`ConfigError` line naming the server, the purpose and the fix.
+
+        The round loop fills every field a scenario has; a context built by hand (a server reused
+        in one's own loop) may leave out what a server needs, and the server says so when attached.
+        ``label_counts`` is read through :meth:`client_label_counts` (counted on first use).
+        """
+        value = self.client_label_counts() if field == "label_counts" else getattr(self, field)
+        if value is None:
+            raise ConfigError(f"{server} needs the server context's {field} {purpose}; "
+                              f"build the ServerContext with {field}=...")
+        return value
+
 
 @dataclass(frozen=True)
 class LocalStage:

@@ -126,15 +126,11 @@ class EnsembleDistillation(ServerRefinement):
             )
         if context.public_loader is None:
             raise ConfigError("feddf_server needs unlabeled public data; set --scenario.public photos")
-        if context.model_factory is None:  # the round loop always sets it; a context built by hand may not
-            raise ConfigError(
-                "feddf_server needs the server context's model_factory to build its students; "
-                "build the ServerContext with model_factory=..."
-            )
+        model_factory = context.require("model_factory", "feddf_server", "to build its students")
         super().attach(base, context)
         for architecture in dict.fromkeys(context.architectures):
-            self.students[architecture] = context.model_factory(architecture, context.seed)
-            self.templates[architecture] = context.model_factory(architecture, context.seed).requires_grad_(False)
+            self.students[architecture] = model_factory(architecture, context.seed)
+            self.templates[architecture] = model_factory(architecture, context.seed).requires_grad_(False)
 
     def begin_round(self, round_idx: int, uploads: Sequence[ClientUpload]) -> None:
         assert isinstance(self.base, FedAvgServer)

@@ -270,9 +270,8 @@ class FedGenServer(TrainableServerPhase):
             feature_dim = int(head["weight"].shape[1])
             self.global_head: nn.Module = nn.Linear(feature_dim, self.num_classes)
         else:  # a multi-layer classifier head (lenet5): the clients' own architecture
-            if context.model_factory is None:
-                raise TrainingError("FedGen needs a model factory for a head that is not one nn.Linear")
-            network = context.model_factory(context.architectures[0], context.seed)
+            model_factory = context.require("model_factory", "FedGen", "to build a head that is not one nn.Linear")
+            network = model_factory(context.architectures[0], context.seed)
             feature_dim = int(network.num_features)  # type: ignore[arg-type]
             self.global_head = copy.deepcopy(network.head)
         self.global_head.requires_grad_(False)

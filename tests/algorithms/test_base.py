@@ -311,6 +311,18 @@ def test_label_counts_are_read_from_the_context_or_counted_once_on_demand():
     assert context().client_label_counts() is None
 
 
+def test_a_server_requires_a_context_field_with_one_line_naming_it_its_purpose_and_the_fix():
+    """A field present is returned (label counts counted on demand); a missing one is a ConfigError line."""
+    counts = torch.tensor([[1, 2]])
+    lazy = dataclasses.replace(context(), label_counts_source=lambda: counts)
+    assert lazy.require("label_counts", "S", "to weigh") is counts
+    assert context().require("num_classes", "S", "to count") == context().num_classes
+    with pytest.raises(ConfigError) as error:
+        context().require("public_loader", "MyServer", "to distil on public images")
+    assert str(error.value) == ("MyServer needs the server context's public_loader to distil on public images; "
+                                "build the ServerContext with public_loader=...")
+
+
 def test_an_upload_is_expected_by_type_integer_count_and_finite_values():
     """``expect`` returns the payload, or names the client and the problem: type, count's type or sign, values."""
     good = WeightsPayload(num_examples=3, weights={"w": torch.ones(2)})

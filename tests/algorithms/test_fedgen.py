@@ -15,7 +15,7 @@ from fedhet.algorithms.fedgen import (
     FedGenServer,
     HeadCountsPayload,
 )
-from fedhet.errors import TrainingError
+from fedhet.errors import ConfigError, TrainingError
 from fedhet.federation import FederationLoop
 from fedhet.seeding import derive_seed, seeded
 from tests.algorithms.helpers import TinyLinear, context, fit, upload
@@ -285,9 +285,10 @@ def test_fedgen_server_builds_a_multilayer_head_from_the_first_architecture():
     assert torch.equal(server.global_head[0].weight, torch.full((120, 400), 0.5))
     assert not torch.equal(factory.network.head[0].weight, torch.full((120, 400), 0.5))  # the factory's net untouched
     assert server.generator(torch.tensor([0, 1]))[0].shape == (2, 400)
-    with pytest.raises(TrainingError) as error:
+    with pytest.raises(ConfigError) as error:
         FedGenServer().setup_server(context(num_classes=3, initial=initial))
-    assert str(error.value) == "FedGen needs a model factory for a head that is not one nn.Linear"
+    assert str(error.value) == ("FedGen needs the server context's model_factory to build a head that is not one "
+                                "nn.Linear; build the ServerContext with model_factory=...")
 
 
 def test_fedgen_server_refuses_uploads_by_name():

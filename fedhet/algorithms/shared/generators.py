@@ -376,17 +376,14 @@ class GeneratorClassifierServer(TrainableServerPhase):
         self.steps_done = 0
 
     def setup_server(self, context: ServerContext) -> None:
-        if context.model_factory is None:
-            raise ConfigError(
-                f"{type(self).__name__} (the server of FedMD-CG and FedCG) needs the server context's model_factory "
-                "to build the global classifier; build the ServerContext with model_factory=..."
-            )
+        model_factory = context.require("model_factory", f"{type(self).__name__} (the server of FedMD-CG and FedCG)",
+                                        "to build the global classifier")
         initial = context.initial_client_state(0)
         self.num_classes = context.num_classes
         self.held = context.label_counts
         self.generator = self.make_generator()
         copy_state_into(self.generator, state_with_prefix(initial, GENERATOR_PREFIX))
-        network = context.model_factory(context.architectures[0], context.seed)
+        network = model_factory(context.architectures[0], context.seed)
         self.classifier = copy.deepcopy(network.head)
         copy_state_into(self.classifier, state_with_prefix(initial, CLASSIFIER_PREFIX))
         self.register_buffer(
