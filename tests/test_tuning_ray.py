@@ -14,7 +14,7 @@ import pytest
 
 from tests.test_tuning import FAKE_FIT, FEDAVG, _plan
 
-pytest.importorskip("ray.tune")
+pytest.importorskip("ray.tune", exc_type=ImportError)  # Ray without its Tune extra: skipped too
 
 from fedhet.tuning import RowStudy, tune_rows  # noqa: E402
 from fedhet.tuning_ray import RUNNER, ray_trials  # noqa: E402
