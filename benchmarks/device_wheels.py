@@ -49,6 +49,7 @@ DEVICE_PLATFORMS = ("manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_
                     *(f"manylinux_2_{n}_x86_64" for n in range(5, 40)))
 #: The travelling working tree's limit (the device tool's README, "Limits").
 TRAVEL_LIMIT_MIB = 64.0
+MIB = 1024 * 1024
 #: Distributions the device image ('cuda') holds, as the device library's KINDS.md lists them
 #: (read 2026-11-17); their wheels are not carried: the image's copies serve.
 DEVICE_IMAGE = frozenset("""
@@ -104,9 +105,8 @@ def pinned(requirements: Sequence[str]) -> list[str]:
         try:
             version = metadata.version(name)
         except metadata.PackageNotFoundError:
-            fix = 'pip install -e ".[ray]"' if name == RAY else 'pip install -e ".[dev]"'
-            raise WheelError(f"{name} is not installed here, so its version is unknown: {fix}, or pass --no-ray") \
-                from None
+            fix = 'pip install -e ".[ray]", or pass --no-ray' if name == RAY else 'pip install -e ".[dev]"'
+            raise WheelError(f"{name} is not installed here, so its version is unknown: {fix}") from None
         pins.append(f"{requirement}=={version}")
     return pins
 
@@ -127,16 +127,16 @@ def slim(source: Path, target: Path, strip: Sequence[str] = ()) -> Slimmed:
     The dropped files leave ``RECORD`` too, so the installed distribution lists only what it has.
     A wheel that LZMA does not make smaller (small pure-Python ones) is copied as it is.
     """
-    dropped = 0
+    dropped, prefixes = 0, tuple(strip)
     with zipfile.ZipFile(source) as wheel, zipfile.ZipFile(target, "w", zipfile.ZIP_LZMA) as out:
         for info in wheel.infolist():
-            if info.filename.startswith(tuple(strip)):
+            if info.filename.startswith(prefixes):
                 dropped += 1
                 continue
             data = wheel.read(info)
             if info.filename.endswith(".dist-info/RECORD") and strip:
                 lines = [line for line in data.decode().splitlines()
-                         if line and not line.split(",", 1)[0].startswith(tuple(strip))]
+                         if line and not line.split(",", 1)[0].startswith(prefixes)]
                 data = ("\n".join(lines) + "\n").encode()
             entry = zipfile.ZipInfo(info.filename, info.date_time)
             entry.external_attr = info.external_attr  # keeps the executable bit of Ray's binaries
@@ -156,9 +156,8 @@ def tree_bytes(repo: Path) -> int:
 
 def check_travel(tree: int, wheels: int, limit_mib: float = TRAVEL_LIMIT_MIB) -> None:
     """Refuse (one line) when the tree and the wheels exceed what a device call carries."""
-    mib = 1024 * 1024
-    if tree + wheels > limit_mib * mib:
-        raise WheelError(f"the tree ({tree / mib:.1f} MiB) and the wheels ({wheels / mib:.1f} MiB) exceed the "
+    if tree + wheels > limit_mib * MIB:
+        raise WheelError(f"the tree ({tree / MIB:.1f} MiB) and the wheels ({wheels / MIB:.1f} MiB) exceed the "
                          f"{limit_mib:.0f} MiB a device call carries: pass --no-ray, or move large untracked "
                          "files out of the checkout")
 
@@ -189,8 +188,8 @@ def download(pins: Sequence[str], into: Path) -> None:
         raise WheelError(f"pip download failed ({last}); pip must reach a package registry from here")
 
 
-def build(out: Path, requirements: Sequence[str], repo: Path = REPO) -> list[Slimmed]:
-    """Download, select and slim the wheels into ``out`` (replaced atomically); returns what was carried."""
+def build(out: Path, requirements: Sequence[str], repo: Path = REPO) -> tuple[list[Slimmed], int]:
+    """Download, select and slim the wheels into ``out`` (replaced atomically); the wheels and the tree's bytes."""
     pins = pinned(requirements)
     out = out if out.is_absolute() else repo / out
     with tempfile.TemporaryDirectory(prefix="device_wheels-") as scratch:  # outside the tree it measures
@@ -200,7 +199,8 @@ def build(out: Path, requirements: Sequence[str], repo: Path = REPO) -> list[Sli
         download(pins, downloads)
         slimmed = [slim(downloads / name, staged / name, STRIPPED.get(distribution(name), ()))
                    for name in carried(path.name for path in downloads.iterdir())]
-        check_travel(tree_bytes(repo), sum(item.after for item in slimmed))
+        tree = tree_bytes(repo)
+        check_travel(tree, sum(item.after for item in slimmed))
         incoming, previous = out.with_name(f".{out.name}-incoming"), out.with_name(f".{out.name}-previous")
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.copytree(staged, incoming)  # across file systems, then two renames on this one
@@ -208,7 +208,7 @@ def build(out: Path, requirements: Sequence[str], repo: Path = REPO) -> list[Sli
             out.rename(previous)
         incoming.rename(out)
         shutil.rmtree(previous, ignore_errors=True)
-    return slimmed
+    return slimmed, tree
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,17 +221,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ignore_folder(REPO, args.out.name):
         print(f"added /{args.out.name}/ to .git/info/exclude (it travels only when a call's carry names it)")
     try:
-        slimmed = build(args.out, requirements)
+        slimmed, tree = build(args.out, requirements)
     except WheelError as error:
         print(f"device_wheels: {error}", file=sys.stderr)
         return 1
-    mib = 1024 * 1024
     for item in slimmed:
         note = f", {item.dropped} files left out" if item.dropped else ""
-        print(f"{item.name:70s} {item.before / mib:7.2f} -> {item.after / mib:6.2f} MiB{note}")
-    total, tree = sum(item.after for item in slimmed), tree_bytes(REPO)
-    print(f"{len(slimmed)} wheels, {total / mib:.1f} MiB; with the tree's {tree / mib:.1f} MiB: "
-          f"{(total + tree) / mib:.1f} of {TRAVEL_LIMIT_MIB:.0f} MiB")
+        print(f"{item.name:70s} {item.before / MIB:7.2f} -> {item.after / MIB:6.2f} MiB{note}")
+    total = sum(item.after for item in slimmed)
+    print(f"{len(slimmed)} wheels, {total / MIB:.1f} MiB; with the tree's {tree / MIB:.1f} MiB: "
+          f"{(total + tree) / MIB:.1f} of {TRAVEL_LIMIT_MIB:.0f} MiB")
     return 0
 
 

@@ -247,15 +247,12 @@ class DataFreeFineTuning(ServerRefinement):
                 f"FedFTG fine-tunes one averaged model, but the clients use {len(set(context.architectures))} "
                 "architectures; use a homogeneous family, e.g. --models cpu_homo"
             )
-        for field, purpose in (("model_factory", "to build the teachers and the fine-tuned model"),
-                               ("data_format", "to shape the generator's images"),
-                               ("label_counts", "to sample labels and weight the teachers by class")):
-            context.require(field, "FedFTG", purpose)
+        context.require("model_factory", "FedFTG", "to build the teachers and the fine-tuned model")
+        data_format = context.require("data_format", "FedFTG", "to shape the generator's images")
+        context.require("label_counts", "FedFTG", "to sample labels and weight the teachers by class")
         super().attach(base, context)
         architecture = context.architectures[0]
         self.group = base.group(architecture)
-        data_format = context.data_format
-        assert data_format is not None
         with seeded(derive_seed(context.seed, "fedftg", "generator")):
             self.generator = ConditionalImageGenerator(
                 self.hp.noise_dim,
