@@ -383,9 +383,23 @@ def prepare_args(args: Sequence[str]) -> list[str]:
 
 def changed_keys(parser: Any, config: Any, saved_config: Path, allowed: Sequence[str]) -> list[str]:
     """Top-level config keys whose values differ from a run's saved ``config.yaml`` (except ``allowed``)."""
-    original = yaml.safe_load(saved_config.read_text(encoding="utf-8"))
-    current = yaml.safe_load(parser.dump(config, skip_none=False))
+    original = _without_empty_init_args(yaml.safe_load(saved_config.read_text(encoding="utf-8")))
+    current = _without_empty_init_args(yaml.safe_load(parser.dump(config, skip_none=False)))
     return sorted(k for k in set(original) | set(current) if k not in allowed and original.get(k) != current.get(k))
+
+
+def _without_empty_init_args(value: Any) -> Any:
+    """``value`` with every empty ``init_args`` mapping removed, at any depth.
+
+    A class without arguments (``--federation.executor=sequential``) dumps ``init_args: {}``
+    when chosen on the command line and no ``init_args`` when read back from that dump, so the
+    two spellings of one config must compare equal.
+    """
+    if isinstance(value, dict):
+        return {k: _without_empty_init_args(v) for k, v in value.items() if not (k == "init_args" and not v)}
+    if isinstance(value, list):
+        return [_without_empty_init_args(v) for v in value]
+    return value
 
 
 # ------------------------------------------------------------------------------ null values

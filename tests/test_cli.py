@@ -202,6 +202,23 @@ def test_resume_refuses_changed_config(run_dir, capsys):
     assert code != 0 and "only --rounds" in _error_line(err)
 
 
+def test_resume_accepts_a_class_without_arguments_chosen_on_the_command_line(run_dir, capsys):
+    """A config's process executor replaced by ``--federation.executor=sequential`` resumes.
+
+    The run saves ``init_args: {}`` (the process executor's arguments dropped); read back from
+    config.yaml the executor has no ``init_args``. The two spellings are one config.
+    """
+    process = ["--federation.executor=process", "--federation.executor.init_args.workers=2"]
+    args = ["--config", DIGITS, *tiny_overrides(), *process, "--federation.executor=sequential", "--rounds", "2"]
+    code, _, err = _fit([*args, "--run_dir", str(run_dir)], capsys)
+    assert code == 0, err
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["federation"]["executor"]["init_args"] == {}
+    (run_dir / "summary.json").unlink()
+    code, _, err = _fit(["--resume", str(run_dir)], capsys)
+    assert code == 0, err
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+
+
 def test_existing_run_dir_is_not_overwritten(run_dir, capsys):
     """A finished run directory is never overwritten; the error points at --resume."""
     args = ["--config", DIGITS, *tiny_overrides(), "--rounds", "1", "--run_dir", str(run_dir)]
