@@ -41,7 +41,15 @@ from fedhet.config import (
     parse_config,
     prepare_args,
 )
-from fedhet.errors import ConfigError, DiskError, FedhetError, disk_error
+from fedhet.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_TRAINING_STOPPED,
+    ConfigError,
+    DiskError,
+    FedhetError,
+    TrainingError,
+    disk_error,
+)
 
 if TYPE_CHECKING:
     from fedhet.federation.state import ClientStateStore
@@ -406,16 +414,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         close = difflib.get_close_matches(command, COMMANDS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         print(f"fedhet: error: unknown command '{command}'{hint}; use one of: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except FedhetError as exc:
         print(f"fedhet: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_TRAINING_STOPPED if isinstance(exc, TrainingError) else EXIT_BAD_INPUT
     except OSError as exc:  # a full disk or read-only directory a writer did not name itself
         error = disk_error(exc.filename or "<unknown file>", exc)
         if error is None:
             raise
         print(f"fedhet: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         next_step = getattr(exc, "next_step", "rerun the same command to continue")  # set by the command interrupted
         print(f"fedhet: interrupted; {next_step}", file=sys.stderr)

@@ -12,6 +12,13 @@ import errno
 from pathlib import Path
 from typing import NoReturn
 
+#: The exit status of a command stopped by bad input (a :class:`FedhetError`): the user fixes the input.
+EXIT_BAD_INPUT = 2
+#: The exit status of a run stopped by its training (a :class:`TrainingError`: a non-finite loss, or an
+#: upload the server rejected). It tells a tuner that the trial's hyperparameters ended it, where any
+#: other failure (bad input, a full disk, a bug, a kill) says nothing about them.
+EXIT_TRAINING_STOPPED = 3
+
 
 class FedhetError(Exception):
     """A problem caused by input the user can fix; the message says what and how."""

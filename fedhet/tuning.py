@@ -13,8 +13,12 @@ section gives every tuned row the same treatment before its seeds run:
    shipped setting on validation); Optuna's TPE sampler proposes the others, ``trials`` in all
    per row, each one a ``fedhet fit``
    run at the tuning seed with the grid's trial flags (the same per-trial budget for every row)
-   and **sealed test splits** (``federation.seal_test``: any read of a test set fails the trial),
-   scored on the validation value of the grid's metric at the last evaluated round. Studies
+   and **sealed test splits** (``federation.seal_test``: any read of a test set stops the tuning),
+   scored on the validation value of the grid's metric at the last evaluated round. A trial is
+   *failed* only when its training ended it (a non-finite loss or a rejected upload: exit status
+   3); a run stopped by anything else (bad input, a refused resume, a full disk, a bug, a kill)
+   stops the tuning with one line (:class:`TrialInterrupted`) and is resumed, uncounted, by the
+   next run of the same command. Studies
    live in one SQLite file, so a killed tuning run resumes: finished trials are kept and an
    interrupted trial's run is resumed from its checkpoint. Each proposal comes from a sampler
    seeded by the row and the trial's number, so a resumed study proposes what the uninterrupted
@@ -44,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.bench import cancel_queued_on_exit, cell_state, override_flag
-from fedhet.errors import ConfigError
+from fedhet.bench import cancel_queued_on_exit, cell_state, last_log_line, override_flag
+from fedhet.errors import EXIT_TRAINING_STOPPED, ConfigError
 from fedhet.files import atomic_write_text
 from fedhet.seeding import derive_seed
 from fedhet.sweep_engine import (
@@ -69,6 +73,29 @@ POLL_S = 0.5
 #: other threads stop their trial's run and leave the trial running in the study, to be resumed
 #: from its checkpoint, instead of recording it failed and asking for the next one.
 STOP = threading.Event()
+
+
+class TrialInterrupted(ConfigError):
+    """A trial's run stopped for a reason its hyperparameters do not explain: the tuning stops with it.
+
+    Only a run ended by its training (exit :data:`~fedhet.errors.EXIT_TRAINING_STOPPED`: a non-finite
+    loss, a rejected upload) is a failed trial. A refused resume, a full disk, a bug or a kill would
+    otherwise be counted as one, spend the row's budget and steer the sampler away from a good point;
+    the trial instead stays running in the study and is resumed by the next run of the same command.
+    """
+
+    def __init__(self, label: str, number: int, code: int | None, log: Path) -> None:
+        import signal
+
+        self.label, self.number, self.code, self.log = label, number, code, log
+        reason = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else last_log_line(log)
+        super().__init__(
+            f"tuning {label}: trial {number + 1} stopped (exit {code}) for a reason other than its training: "
+            f"{reason}; fix that and rerun the same command (the trial resumes, not counted failed; log: {log})"
+        )
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.label, self.number, self.code, self.log)
 
 
 @dataclass(frozen=True)
@@ -399,6 +426,7 @@ class RowStudy:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         pruned = False
+        code: int | None = 0  # a complete run is not started again
         reported = {step for t in study.get_trials(deepcopy=False) if t.number == trial.number
                     for step in t.intermediate_values}  # fmt: skip
         if state != "complete":
@@ -439,6 +467,8 @@ class RowStudy:
                 "scenario holds no validation data for it (e.g. local_val_fraction 0); give it some in the grid"
             )
         if cell_state(run_dir) != "complete" or last is None:
+            if code != EXIT_TRAINING_STOPPED:
+                raise TrialInterrupted(self.label, trial.number, code, log_path)
             study.tell(trial, state=TrialState.FAIL)
             return TrialRecord(trial.number, params, None, "failed", wall)
         study.tell(trial, last)
@@ -514,8 +544,10 @@ class RowStudy:
                 on_trial(self)
         while True:
             done = len(self.finished())
-            if done >= self.plan.trials or STOP.is_set():
+            if done >= self.plan.trials:
                 break
+            if STOP.is_set():  # between two trials: the row is not tuned, and nothing may select from it
+                raise KeyboardInterrupt
             study = self.study(len(study.get_trials(deepcopy=False)))
             trial = study.ask(self.distributions)
             record = self.run_trial(study, trial, env)
@@ -594,7 +626,7 @@ def tune_rows(
     storage is gone their finished trials back (:meth:`RowStudy.restore`): a bench that loses
     ``runs/`` mid-row continues the row, not only the rows it finished.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     selected_lock = threading.Lock()
 
@@ -635,10 +667,22 @@ def tune_rows(
             results = [one(s) for s in studies]
         else:
             with ThreadPoolExecutor(max_workers=jobs) as pool, cancel_queued_on_exit(pool, on_exit=STOP.set):
-                results = list(pool.map(one, studies))
+                futures = [pool.submit(one, s) for s in studies]
+                for future in as_completed(futures):  # a row that raises stops the others now, not when
+                    future.result()  # the rows submitted before it have finished
+                results = [future.result() for future in futures]
     finally:
         STOP.clear()
     return {r.label: r for r in results}
 
 
-__all__ = ["RowStudy", "StudyResult", "TrialRecord", "TuningPlan", "parse_tuning", "search_space", "tune_rows"]
+__all__ = [
+    "RowStudy",
+    "StudyResult",
+    "TrialInterrupted",
+    "TrialRecord",
+    "TuningPlan",
+    "parse_tuning",
+    "search_space",
+    "tune_rows",
+]

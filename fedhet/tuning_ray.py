@@ -27,6 +27,7 @@ with as many concurrent trials as the cluster has room for.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import subprocess
 import time
@@ -36,12 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.bench import cell_state
-from fedhet.errors import ConfigError
+from fedhet.errors import EXIT_TRAINING_STOPPED, ConfigError
 from fedhet.seeding import derive_seed
 from fedhet.sweep_engine import Param, load_optuna, optuna_internal, optuna_point
 from fedhet.tuning import (
     POLL_S,
     RowStudy,
+    TrialInterrupted,
     TrialRecord,
     TrialRunner,
     read_records,
@@ -120,8 +122,10 @@ def kill_with_parent() -> None:  # pragma: no cover - runs in the child between 
 def run_trial(config: dict[str, Any], row: RayRow) -> None:
     """A Ray Tune function trainable: one trial's ``fedhet fit``, reporting each round's validation value.
 
-    The last report says how the run ended (``complete``, or ``failed`` with its exit status), so the
-    driver tells a failed trial from one the scheduler stopped (its last report is a running one).
+    The last report says how the run ended (``complete``, or ``interrupted`` with its exit status when
+    something other than its training stopped it), so the driver tells a failed trial from one the
+    scheduler stopped (its last report is a running one) and from one to resume
+    (:class:`~fedhet.tuning.TrialInterrupted`).
     """
     from ray import tune
 
@@ -166,6 +170,11 @@ def run_trial(config: dict[str, Any], row: RayRow) -> None:
     wall = time.perf_counter() - started
     if complete:
         wall = float(json.loads((run_dir / "summary.json").read_text()).get("wall_s", wall))
+    if not complete and code != EXIT_TRAINING_STOPPED:  # not the hyperparameters' doing: the driver stops the row
+        last_round, last_value = values[-1] if values else (-1, math.nan)  # Tune wants the metric in every report
+        tune.report({VALUE: last_value, "round": last_round, "ended": "interrupted", "exit": code, "params": params,
+                     "number": number})  # fmt: skip
+        raise RuntimeError(f"trial {number} of {row.label}: fedhet fit stopped with exit {code}; its log: {log_path}")
     if not complete or not values:  # the searcher records a failed trial, as the local stage does
         raise RuntimeError(f"trial {number} of {row.label}: fedhet fit ended with exit {code} and no "
                            f"val/{row.metric}; its log: {log_path}")  # fmt: skip
@@ -232,6 +241,12 @@ def tune_row_on_ray(
             run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=0),
         )
     results = tuner.fit()
+    for result in results:  # as the local stage: the next run restores the experiment and reruns the trial
+        metrics = result.metrics or {}
+        if metrics.get("ended") == "interrupted":
+            run_dir = study.run_dir(int(metrics["number"]))
+            raise TrialInterrupted(study.label, int(metrics["number"]), metrics.get("exit"),
+                                   run_dir.with_name(run_dir.name + ".log"))  # fmt: skip
     records = sorted((record_of(result) for result in results), key=lambda r: r.number)
     for record in records:
         echo(f"{study.label}: trial {record.number + 1}/{plan.trials} {record.state}, val/{plan.metric} {record.value}")

@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from fedhet.cli import main
+from fedhet.errors import EXIT_BAD_INPUT, EXIT_TRAINING_STOPPED
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, capsys):
 def test_bad_input_is_one_clear_line(extra, pattern, run_dir, capsys):
     """Bad keys, types, methods or models fail in one 'fedhet: error:' line before writing anything."""
     code, _, err = _fit(["--config", DIGITS, *tiny_overrides(), *extra, "--run_dir", str(run_dir)], capsys)
-    assert code != 0
+    assert code == EXIT_BAD_INPUT
     line = _error_line(err)
     assert line.startswith("fedhet: error:") and pattern in line
     assert not run_dir.exists()  # rejected before anything is written
@@ -187,10 +188,10 @@ def test_corrupt_checkpoint_is_a_clear_error(run_dir, capsys):
 
 
 def test_nan_loss_is_a_clear_error(run_dir, capsys):
-    """A diverging run stops with a one-line non-finite loss error and no summary."""
+    """A diverging run stops with a one-line non-finite loss error, exit 3 (not bad input's 2), and no summary."""
     args = ["--config", DIGITS, *tiny_overrides(), "--method.lr=1e30", "--rounds=1", "--run_dir", str(run_dir)]
     code, _, err = _fit(args, capsys)
-    assert code != 0 and "non-finite" in _error_line(err)
+    assert code == EXIT_TRAINING_STOPPED and "non-finite" in _error_line(err)
     assert not (run_dir / "summary.json").exists()
 
 

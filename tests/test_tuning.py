@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedhet.errors import ConfigError, DataError
-from fedhet.tuning import RowStudy, TuningPlan, parse_tuning, search_space, select, tune_rows
+from fedhet.tuning import RowStudy, TrialInterrupted, TuningPlan, parse_tuning, search_space, select, tune_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 FEDPROX = str(ROOT / "configs/experiments/digits_dir/fedprox.yaml")
@@ -299,3 +299,60 @@ def test_an_interrupt_leaves_the_running_trial_to_resume_not_failed(tmp_path, fa
         stopper.join()
         STOP.clear()
     assert [t.state for t in study.study(0).get_trials(deepcopy=False)] == [TrialState.RUNNING]
+
+
+def _trial1_of_row_stops(row: str, code: int, line: str) -> str:
+    """A prefix for the stand-in: row ``row``'s trial 1 prints ``line`` and exits ``code``."""
+    return (f"import sys\nif sys.argv[-1].endswith('{row}/trial1'):\n"
+            f"    print({line!r}, file=sys.stderr)\n    sys.exit({code})\n")  # fmt: skip
+
+
+def test_a_run_ended_by_its_training_is_a_failed_trial(tmp_path, fake_fit):
+    """Exit 3 (a non-finite loss): the trial is failed, never selected, and the budget goes on."""
+    line = "fedhet: error: client 2 got a non-finite training loss in round 1 (stage 'local'); lower method.lr"
+    fake_fit.write_text(_trial1_of_row_stops("a", 3, line) + FAKE_FIT)
+    result = _tune(tmp_path, _plan(trials=3))["a"]
+    assert [(t.number, t.state) for t in result.trials] == [(0, "complete"), (1, "failed"), (2, "complete")]
+    assert result.trials[1].value is None and result.selected.number in (0, 2)
+
+
+@pytest.mark.parametrize("code", [2, 1, -9])  # bad input (a refused resume), a traceback, a kill
+def test_a_run_stopped_by_anything_else_stops_the_tuning_and_resumes(tmp_path, fake_fit, code):
+    """Any other end is not the hyperparameters' doing: one line naming the trial, its reason and the rerun.
+
+    The trial stays running in the study (resumed by the next run of the command), is not told failed, and no
+    further trial is asked: a refused resume once spent two of the FedVTC page's trials this way.
+    """
+    from optuna.trial import TrialState
+
+    line = "fedhet: error: --resume continues a run with its own config; only --rounds may change (changed: federation)"
+    script = _trial1_of_row_stops("a", code, line) if code >= 0 else \
+        "import os, signal, sys\nif sys.argv[-1].endswith('a/trial1'):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    fake_fit.write_text(script + FAKE_FIT)
+    with pytest.raises(TrialInterrupted) as raised:
+        _tune(tmp_path, _plan(trials=3))
+    message = str(raised.value)
+    assert f"tuning a: trial 2 stopped (exit {code})" in message and "rerun the same command" in message
+    assert (line if code >= 0 else "killed by SIGKILL") in message and "\n" not in message
+    study = RowStudy("a", FEDAVG, (), _plan(trials=3), tmp_path / "runs", "tune/page/a")
+    assert [t.state for t in study.study(0).get_trials(deepcopy=False)] == [TrialState.COMPLETE, TrialState.RUNNING]
+
+
+def test_a_row_that_stops_stops_the_rows_tuned_beside_it_at_once(tmp_path, fake_fit):
+    """Row b's trial 1 stops while row a (submitted first, slower) is tuned: row a stops, selecting nothing.
+
+    Waiting for the rows in submission order would run all of row a's trials before the error surfaced; a row
+    stopped between two trials once selected from the trials it had.
+    """
+    from optuna.trial import TrialState
+
+    slow_a = "import sys, time\nif '/a/trial' in sys.argv[-1]:\n    time.sleep(3)\n"
+    fake_fit.write_text(slow_a + _trial1_of_row_stops("b", 2, "fedhet: error: no space left on the device") + FAKE_FIT)
+    rows = [("a", FEDAVG, ()), ("b", FEDAVG, ())]
+    with pytest.raises(TrialInterrupted, match="tuning b: trial 2"):
+        tune_rows(rows, _plan(trials=4), tmp_path / "runs", tmp_path / "selected", "page",
+                  env=dict(__import__("os").environ), jobs=2, echo=lambda _: None)  # fmt: skip
+    row_a = RowStudy("a", FEDAVG, (), _plan(trials=4), tmp_path / "runs", "tune/page/a")
+    states = [t.state for t in row_a.study(0).get_trials(deepcopy=False)]
+    assert states.count(TrialState.COMPLETE) < 4 and TrialState.FAIL not in states
+    assert not (tmp_path / "selected" / "a.yaml").exists()

@@ -75,3 +75,19 @@ def test_a_failed_trial_is_recorded_failed_and_never_selected(tmp_path, monkeypa
                        env=dict(os.environ), echo=lambda _: None, trials=ray_trials("local", 1), runner=RUNNER)["a"]
     assert [(t.number, t.state) for t in result.trials] == [(0, "complete"), (1, "failed"), (2, "complete")]
     assert result.trials[1].value is None and result.selected.number in (0, 2)
+
+
+def test_a_trial_stopped_by_anything_but_its_training_stops_the_row(tmp_path, monkeypatch, local_ray):
+    """Exit 2 (bad input, e.g. a refused resume) is not a failed trial on Ray either: the row stops in one line."""
+    from fedhet.tuning import TrialInterrupted
+    from tests.test_tuning import _trial1_of_row_stops
+
+    script = tmp_path / "fake_fit.py"
+    script.write_text(_trial1_of_row_stops("a", 2, "fedhet: error: no space left on the device") + FAKE_FIT)
+    original = RowStudy.command
+    monkeypatch.setattr(RowStudy, "command", lambda self, number, params: [sys.executable, str(script),
+                                                                          *original(self, number, params)[4:]])
+    with pytest.raises(TrialInterrupted, match="tuning a: trial 2 stopped \\(exit 2\\).*no space left"):
+        tune_rows([("a", FEDAVG, ())], _plan(trials=3), tmp_path / "runs", tmp_path / "selected", "page",
+                  env=dict(os.environ), echo=lambda _: None, trials=ray_trials("local", 1), runner=RUNNER)
+    assert not (tmp_path / "selected" / "a.yaml").exists()

@@ -66,7 +66,8 @@ class SealedSplit:
 
     A tuning trial runs with the test splits sealed (``federation.seal_test``), so that no
     hyperparameter can be chosen on test numbers, by the tuner or by a method or metric that
-    reads a test set by accident: the read fails the trial with one line naming the split.
+    reads a test set by accident: the read stops the run, and the tuning with it, with one line
+    naming the split (a read of test data is a bug to fix, not an outcome of the trial's values).
     """
 
     def __init__(self, what: str, size: int) -> None:

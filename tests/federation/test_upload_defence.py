@@ -260,8 +260,12 @@ def test_aggregator_settings_are_checked():
 
 # ------------------------------------------------------------------ from the command line
 def test_command_line_names_the_poisoned_client_in_one_line(tmp_path, capsys):
-    """The command line, client 1 sending 1e30: exit 2, one line naming round 0 and client 1; drop completes."""
+    """The command line, client 1 sending 1e30: exit 3 (training stopped), one line naming round 0 and client 1.
+
+    With ``on_invalid_upload: drop`` the run completes.
+    """
     from fedhet.cli import main
+    from fedhet.errors import EXIT_TRAINING_STOPPED
     from tests.conftest import tiny_overrides
 
     config = "configs/experiments/digits_dir/fedavg.yaml"
@@ -271,7 +275,7 @@ def test_command_line_names_the_poisoned_client_in_one_line(tmp_path, capsys):
     code = main(["fit", "--config", config, *shrink, *attack, f"--run_dir={tmp_path / 'fail'}"])
     err = capsys.readouterr().err
     lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert code == 2 and "Traceback" not in err
+    assert code == EXIT_TRAINING_STOPPED and "Traceback" not in err
     assert re.fullmatch(r"fedhet: error: round 0: client 1 sent a value of magnitude 1e\+30 .*", lines[-1]), lines
     code = main(["fit", "--config", config, *shrink, *attack, "--federation.on_invalid_upload=drop",
                  f"--run_dir={tmp_path / 'drop'}"])
