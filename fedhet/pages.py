@@ -1021,7 +1021,7 @@ def budget_markdown(grid: Grid, studies: dict[str, dict[str, Any]], records: Seq
     return "\n".join([
         f"* **Tuning**: {plan['trials']} trials per tuned row, {plan['sampler']}, pruner {plan['pruner']}; each "
         f"trial is `fedhet fit` with the row's flags, then `{flags}`, at seed {plan['seed']} with the test splits "
-        f"sealed (`federation.seal_test`: a read of any test set fails the trial).",
+        f"sealed (`federation.seal_test`: a read of any test set stops the tuning).",
         f"* **Trials ran on**: {'; '.join(runners) or 'nothing yet'}.",
         f"* **Selection**: `{plan['metric']}` at the last evaluated round of a trial; the best trial's values are "
         f"written to `{grid.selected}/<row>.yaml`, the config each row's seeds run.",
