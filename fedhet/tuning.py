@@ -409,8 +409,6 @@ class RowStudy:
     # -- one trial -----------------------------------------------------------------------------
     def run_trial(self, study: Any, trial: Any, env: dict[str, str]) -> TrialRecord:
         """Run (or resume) one trial's ``fedhet fit``, reporting each round's validation value; tell the study."""
-        from optuna.trial import TrialState
-
         params = self.params_of(trial)
         run_dir = self.run_dir(trial.number)
         state = cell_state(run_dir)
@@ -459,8 +457,7 @@ class RowStudy:
         values = validation_values(read_records(run_dir / "metrics.jsonl"), self.plan.metric)
         last = values[-1][1] if values else None
         if pruned:
-            study.tell(trial, state=TrialState.PRUNED)
-            return TrialRecord(trial.number, params, last, "pruned", wall)
+            return self.tell(study, trial, TrialRecord(trial.number, params, last, "pruned", wall))
         if cell_state(run_dir) == "complete" and last is None:
             raise ConfigError(
                 f"tuning {self.label}: trial {trial.number} finished without a val/{self.plan.metric} value: the "
@@ -469,11 +466,25 @@ class RowStudy:
         if cell_state(run_dir) != "complete" or last is None:
             if code != EXIT_TRAINING_STOPPED:
                 raise TrialInterrupted(self.label, trial.number, code, log_path)
-            study.tell(trial, state=TrialState.FAIL)
-            return TrialRecord(trial.number, params, None, "failed", wall)
-        study.tell(trial, last)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        return TrialRecord(trial.number, params, last, "complete", float(summary.get("wall_s", wall)))
+            return self.tell(study, trial, TrialRecord(trial.number, params, None, "failed", wall))
+        summary = json.loads((run_dir / "summary.json").read_text())  # the whole run's seconds, resumed or not
+        return self.tell(study, trial, TrialRecord(trial.number, params, last, "complete",
+                                                   float(summary.get("wall_s", wall))))  # fmt: skip
+
+    @staticmethod
+    def tell(study: Any, trial: Any, record: TrialRecord) -> TrialRecord:
+        """Tell the study how ``trial`` ended, keeping its run's seconds for the page's cost line.
+
+        Optuna's own start-to-end time would count a resumed trial from its resumption only.
+        """
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("wall_s", record.wall_s)
+        if record.state == "complete":
+            study.tell(trial, record.value)
+        else:
+            study.tell(trial, state=TrialState.PRUNED if record.state == "pruned" else TrialState.FAIL)
+        return record
 
     # -- the study -----------------------------------------------------------------------------
     def finished(self) -> list[TrialRecord]:

@@ -193,6 +193,8 @@ def test_an_interrupted_trial_is_resumed_not_counted_twice(tmp_path, fake_fit, m
     # numbered as every trial line (from 1 of 2): the resumed trial is the first, the next the second
     assert [line.split(",")[0] for line in lines] == ["a: trial 1/2 resumed", "a: trial 2/2 complete"]
     assert all(t.state == "complete" for t in trials)
+    # each trial's seconds are its run's (summary.json's wall_s), not Optuna's time since its (re)start
+    assert [t.wall_s for t in trials] == [0.01, 0.01]
 
 
 def test_median_pruner_stops_poor_trials_while_they_run(tmp_path, fake_fit):
