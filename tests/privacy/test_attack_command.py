@@ -10,7 +10,7 @@ import torch
 
 from fedhet.bench import Cell, aggregate, cell_state, load_run, run_metrics
 from fedhet.cli import main
-from fedhet.errors import TrainingError
+from fedhet.errors import EXIT_TRAINING_STOPPED, TrainingError
 from fedhet.privacy.attack import KNOWLEDGES, AttackSettings, attack_cell
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ def test_attack_help_and_the_command_list(capsys):
 @pytest.mark.parametrize(
     ("failure", "code", "message"),
     [
-        (TrainingError("the dummy image diverged"), 2, "the dummy image diverged"),
+        (TrainingError("the dummy image diverged"), EXIT_TRAINING_STOPPED, "the dummy image diverged"),
         (KeyboardInterrupt(), 130, "interrupted; rerun the same command (an attack keeps no checkpoint)"),
     ],
 )
