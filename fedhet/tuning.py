@@ -75,6 +75,11 @@ POLL_S = 0.5
 STOP = threading.Event()
 
 
+def trial_log_path(run_dir: Path) -> Path:
+    """A trial's log, beside its run directory (``trial3/`` -> ``trial3.log``): every attempt appends to it."""
+    return run_dir.with_name(run_dir.name + ".log")
+
+
 class TrialInterrupted(ConfigError):
     """A trial's run stopped for a reason its hyperparameters do not explain: the tuning stops with it.
 
@@ -420,7 +425,7 @@ class RowStudy:
 
                 shutil.rmtree(run_dir)
             command = self.command(trial.number, params)
-        log_path = run_dir.with_name(run_dir.name + ".log")
+        log_path = trial_log_path(run_dir)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         pruned = False

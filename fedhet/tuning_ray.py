@@ -48,6 +48,7 @@ from fedhet.tuning import (
     TrialRunner,
     read_records,
     startup_trials,
+    trial_log_path,
     validation_values,
 )
 
@@ -144,7 +145,7 @@ def run_trial(config: dict[str, Any], row: RayRow) -> None:
             shutil.rmtree(run_dir)
         command = [*row.command_base, *(override_flag(k, v) for k, v in params.items()),
                    f"--wandb.name={row.label}/trial{number}", "--run_dir", str(run_dir)]  # fmt: skip
-    log_path = run_dir.with_name(run_dir.name + ".log")
+    log_path = trial_log_path(run_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     reported: set[int] = set()
@@ -244,9 +245,8 @@ def tune_row_on_ray(
     for result in results:  # as the local stage: the next run restores the experiment and reruns the trial
         metrics = result.metrics or {}
         if metrics.get("ended") == "interrupted":
-            run_dir = study.run_dir(int(metrics["number"]))
-            raise TrialInterrupted(study.label, int(metrics["number"]), metrics.get("exit"),
-                                   run_dir.with_name(run_dir.name + ".log"))  # fmt: skip
+            number = int(metrics["number"])
+            raise TrialInterrupted(study.label, number, metrics.get("exit"), trial_log_path(study.run_dir(number)))
     records = sorted((record_of(result) for result in results), key=lambda r: r.number)
     for record in records:
         echo(f"{study.label}: trial {record.number + 1}/{plan.trials} {record.state}, val/{plan.metric} {record.value}")
