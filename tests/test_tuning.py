@@ -338,6 +338,20 @@ def test_a_run_stopped_by_anything_else_stops_the_tuning_and_resumes(tmp_path, f
     assert (line if code >= 0 else "killed by SIGKILL") in message and "\n" not in message
     study = RowStudy("a", FEDAVG, (), _plan(trials=3), tmp_path / "runs", "tune/page/a")
     assert [t.state for t in study.study(0).get_trials(deepcopy=False)] == [TrialState.COMPLETE, TrialState.RUNNING]
+    # the cause fixed, the same command runs the stopped trial again, with its values, and completes the row
+    fake_fit.write_text(FAKE_FIT)
+    result = _tune(tmp_path, _plan(trials=3))["a"]
+    assert [(t.number, t.state) for t in result.trials] == [(0, "complete"), (1, "complete"), (2, "complete")]
+    assert_stopped_trial_reran_with_its_values(study.run_dir(1), result.trials[1])
+
+
+def assert_stopped_trial_reran_with_its_values(run_dir: Path, record) -> None:
+    """The stopped trial's log holds two identical commands (stopped, then run again), with the record's values."""
+    from fedhet.tuning import trial_log_path
+
+    commands = [line for line in trial_log_path(run_dir).read_text().splitlines() if line.startswith("$ ")]
+    assert len(commands) == 2 and commands[0] == commands[1]
+    assert f"--method.init_args.lr={record.params['method.init_args.lr']}" in commands[0]
 
 
 def test_a_row_that_stops_stops_the_rows_tuned_beside_it_at_once(tmp_path, fake_fit):

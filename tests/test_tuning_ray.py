@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_tuning import FAKE_FIT, FEDAVG, _plan
+from tests.test_tuning import FAKE_FIT, FEDAVG, _plan, assert_stopped_trial_reran_with_its_values
 
 pytest.importorskip("ray.tune", exc_type=ImportError)  # Ray without its Tune extra: skipped too
 
@@ -91,3 +91,34 @@ def test_a_trial_stopped_by_anything_but_its_training_stops_the_row(tmp_path, mo
         tune_rows([("a", FEDAVG, ())], _plan(trials=3), tmp_path / "runs", tmp_path / "selected", "page",
                   env=dict(os.environ), echo=lambda _: None, trials=ray_trials("local", 1), runner=RUNNER)
     assert not (tmp_path / "selected" / "a.yaml").exists()
+
+
+def test_a_rerun_after_a_stopped_trial_restores_the_experiment_and_runs_that_trial_again(tmp_path, monkeypatch,
+                                                                                         local_ray):
+    """The same command, rerun once the cause is fixed, restores the row's Ray Tune experiment.
+
+    The stopped trial runs again with its values (``resume_errored``), the finished ones are not rerun, the row
+    selects.
+    """
+    from fedhet.tuning import TrialInterrupted
+    from tests.test_tuning import _trial1_of_row_stops
+
+    script = tmp_path / "fake_fit.py"
+    script.write_text(_trial1_of_row_stops("a", 2, "fedhet: error: no space left on the device") + FAKE_FIT)
+    original = RowStudy.command
+    monkeypatch.setattr(RowStudy, "command", lambda self, number, params: [sys.executable, str(script),
+                                                                          *original(self, number, params)[4:]])
+
+    def tune():
+        return tune_rows([("a", FEDAVG, ())], _plan(trials=3), tmp_path / "runs", tmp_path / "selected", "page",
+                         env=dict(os.environ), echo=lambda _: None, trials=ray_trials("local", 1), runner=RUNNER)
+
+    with pytest.raises(TrialInterrupted):
+        tune()
+    script.write_text(FAKE_FIT)
+    result = tune()["a"]
+    assert [(t.number, t.state) for t in result.trials] == [(0, "complete"), (1, "complete"), (2, "complete")]
+    trials = tmp_path / "runs" / "tuning" / "a"
+    assert_stopped_trial_reran_with_its_values(trials / "trial1", result.trials[1])
+    assert [c.read_text() for c in sorted(trials.glob("trial*.calls"))] == ["x"] * 3  # trials 0 and 2 not rerun
+    assert (tmp_path / "selected" / "a.yaml").is_file()
