@@ -111,3 +111,25 @@ def tiny_overrides(scenario: str = "domain_shift") -> list[str]:
         "--trainer.accelerator=cpu",
         "--models=tiny2",
     ]
+
+
+@pytest.fixture
+def fake_fit(tmp_path, monkeypatch):
+    """The tuning tests' trials, local and on Ray, run the stand-in ``test_tuning.FAKE_FIT``, not fedhet fit.
+
+    Returns the script's path: a test rewrites it to make a trial fail or stop.
+    """
+    import sys
+
+    from fedhet.tuning import RowStudy
+    from tests.test_tuning import FAKE_FIT
+
+    script = tmp_path / "fake_fit.py"
+    script.write_text(FAKE_FIT)
+    original = RowStudy.command
+
+    def command(self: RowStudy, number: int, params: dict) -> list[str]:
+        return [sys.executable, str(script), *original(self, number, params)[4:]]
+
+    monkeypatch.setattr(RowStudy, "command", command)
+    return script

@@ -43,20 +43,6 @@ with open(run_dir / "metrics.jsonl", "w") as f:
 """
 
 
-@pytest.fixture
-def fake_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """RowStudy's trials run the stand-in script instead of fedhet fit."""
-    script = tmp_path / "fake_fit.py"
-    script.write_text(FAKE_FIT)
-    original = RowStudy.command
-
-    def command(self: RowStudy, number: int, params: dict) -> list[str]:
-        return [sys.executable, str(script), *original(self, number, params)[4:]]
-
-    monkeypatch.setattr(RowStudy, "command", command)
-    return script
-
-
 def _plan(**changes) -> TuningPlan:
     values = {"trials": 4, "metric": "acc_local", "seed": 7, "flags": ("--rounds=1",),
               "exclude": ("momentum", "weight_decay", "mu")}  # fmt: skip
