@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
 import json
 import math
 import os
@@ -32,9 +33,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor, as_completed
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,45 +186,163 @@ def run_cells(
 
     Complete cells are skipped, partial ones resumed, stale ones restarted (see the module
     docstring). A failed cell does not stop the others; its log path and last line are echoed.
-    ``on_done`` is called with each outcome as it arrives, from this thread.
+    ``on_done`` is called with each outcome as it arrives, one call at a time (see :class:`CellQueue`).
     """
-    root = Path(root)
-    cwd = Path.cwd() if cwd is None else cwd  # fixed now: the runs' relative config paths resolve from here
-    pending = [c for c in cells if cell_state(c.run_dir(root)) != "complete"]
-    echo(f"{len(cells) - len(pending)} of {len(cells)} cells already complete under {root}")
-    env = dict(os.environ) if env is None else env
+    queue = CellQueue(root, jobs, env, cwd, echo, on_done)
+    with queue.stopped_on_error():
+        queue.add(cells)
+        return queue.finish()
 
-    def one(cell: Cell) -> CellOutcome:
-        run_dir = cell.run_dir(root)
+
+class CellQueue:
+    """Runs cells on at most ``jobs`` processes as they are added, seed-major, while other work holds some slots.
+
+    A grid's seed cells wait for their rows' tuning, which occupies the same cores: the tuning of
+    ``reserved`` rows holds ``min(jobs, reserved)`` slots, and each :meth:`release` (a row
+    selected) frees one. A cell therefore starts only when a core would otherwise be idle, the
+    rows still to tune first (the tail of a tuning, or more jobs than rows, fills with the cells of
+    the rows tuned). Among the cells ready, the lowest ``rank`` runs first (by default the seed,
+    then the order added): seed-major, as :func:`plan` orders a grid, so that an interrupted bench
+    has every row it ran on the first seeds.
+
+    ``on_done`` and ``echo`` are called from the worker threads, one outcome at a time. An
+    exception in a worker or in ``on_done`` stops the queue (no other cell starts; running ones
+    finish) and is raised again by :meth:`finish`; :meth:`stopped_on_error` stops it when the
+    caller's own work raises (an interrupt, a tuning that fails). Complete cells are skipped,
+    partial ones resumed, stale ones restarted.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        jobs: int = 1,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        echo: Callable[[str], None] = print,
+        on_done: Callable[[CellOutcome], None] | None = None,
+        reserved: int = 0,
+        rank: Callable[[Cell], int] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.jobs = max(1, jobs)
+        self.env = dict(os.environ) if env is None else env
+        self.cwd = Path.cwd() if cwd is None else cwd  # fixed now: the runs' relative config paths resolve from here
+        self.echo, self.on_done = echo, on_done
+        self.outcomes: list[CellOutcome] = []
+        self._reserved = reserved
+        self._rank = rank or (lambda cell: cell.seed)
+        self._ready: list[tuple[int, int, Cell]] = []  # a heap: (rank, order added, cell)
+        self._added = 0
+        self._running = 0
+        self._closed = self._stopped = False
+        self._error: BaseException | None = None
+        self._state = threading.Condition()
+        self._report = threading.Lock()
+        self._workers = [threading.Thread(target=self._work, name=f"cell-{i}", daemon=True) for i in range(self.jobs)]
+        for worker in self._workers:
+            worker.start()
+
+    def add(self, cells: Sequence[Cell]) -> None:
+        """Queue the cells that are not complete (and say how many were)."""
+        pending = [c for c in cells if cell_state(c.run_dir(self.root)) != "complete"]
+        if cells:
+            self.echo(f"{len(cells) - len(pending)} of {len(cells)} cells already complete under {self.root}")
+        with self._state:
+            for cell in pending:
+                heapq.heappush(self._ready, (self._rank(cell), self._added, cell))
+                self._added += 1
+            self._state.notify_all()
+
+    def release(self, slots: int = 1) -> None:
+        """Free slots the other work held (a tuned row's), for the cells."""
+        with self._state:
+            self._reserved = max(0, self._reserved - slots)
+            self._state.notify_all()
+
+    def finish(self) -> list[CellOutcome]:
+        """Wait for every cell added (no more are coming) and return the outcomes, in the order they ended."""
+        with self._state:
+            self._closed = True
+            self._reserved = 0
+            self._state.notify_all()
+        return self._join()
+
+    def stop(self) -> None:
+        """Start no other cell and wait for the running ones (an interrupt reaches their processes too)."""
+        with self._state:
+            self._stopped = True
+            self._state.notify_all()
+        with contextlib.suppress(BaseException):
+            self._join()
+
+    @contextlib.contextmanager
+    def stopped_on_error(self) -> Iterator[CellQueue]:
+        """The caller's work beside the queue: an error or interrupt in it stops the queue, then goes on."""
+        try:
+            yield self
+        except BaseException:
+            self.stop()
+            raise
+
+    def _join(self) -> list[CellOutcome]:
+        for worker in self._workers:
+            worker.join()
+        if self._error is not None:
+            raise self._error
+        return list(self.outcomes)
+
+    def _next(self) -> Cell | None:
+        """The next cell to run, once a slot is free; None when the queue is stopped or finished."""
+        with self._state:
+            while True:
+                if self._stopped:
+                    return None
+                if self._ready and self._running < self.jobs - min(self.jobs, self._reserved):
+                    self._running += 1
+                    return heapq.heappop(self._ready)[2]
+                if self._closed and not self._ready:
+                    return None
+                self._state.wait()
+
+    def _work(self) -> None:
+        while (cell := self._next()) is not None:
+            try:
+                outcome = self._run(cell)
+                with self._report:
+                    self.outcomes.append(outcome)
+                    self._say(outcome)
+                    if self.on_done is not None:
+                        self.on_done(outcome)
+            except BaseException as exc:  # noqa: BLE001 - raised again by finish(), in the caller's thread
+                with self._state:
+                    self._error = self._error or exc
+                    self._stopped = True
+            finally:
+                with self._state:
+                    self._running -= 1
+                    self._state.notify_all()
+
+    def _run(self, cell: Cell) -> CellOutcome:
+        run_dir = cell.run_dir(self.root)
         state = cell_state(run_dir)
         if state == "partial":
             command = [sys.executable, "-m", "fedhet", "fit", "--resume", str(run_dir)]
         else:
             if run_dir.exists():  # interrupted before its first checkpoint: nothing to keep
                 shutil.rmtree(run_dir)
-            command = cell.command(root)
-        record_cell(cell, root)
+            command = cell.command(self.root)
+        record_cell(cell, self.root)
         started = time.perf_counter()
-        code = run_process(command, cell.log_path(root), env, cwd)
-        return CellOutcome(cell, code, time.perf_counter() - started, state == "partial", cell.log_path(root))
+        code = run_process(command, cell.log_path(self.root), self.env, self.cwd)
+        log = cell.log_path(self.root)
+        return CellOutcome(cell, code, time.perf_counter() - started, state == "partial", log)
 
-    outcomes = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, cancel_queued_on_exit(pool):
-        futures = [pool.submit(one, cell) for cell in pending]
-        for future in as_completed(futures):
-            outcome = future.result()
-            outcomes.append(outcome)
-            how = "resumed, " if outcome.resumed else ""
-            if outcome.ok:
-                echo(f"{outcome.cell.label} seed {outcome.cell.seed}: {how}ok in {outcome.seconds:.0f} s")
-            else:
-                echo(
-                    f"{outcome.cell.label} seed {outcome.cell.seed}: FAILED (exit {outcome.code}, log {outcome.log}): "
-                    f"{last_log_line(outcome.log)}"
-                )
-            if on_done is not None:
-                on_done(outcome)
-    return outcomes
+    def _say(self, outcome: CellOutcome) -> None:
+        where = f"{outcome.cell.label} seed {outcome.cell.seed}"
+        if outcome.ok:
+            self.echo(f"{where}: {'resumed, ' if outcome.resumed else ''}ok in {outcome.seconds:.0f} s")
+        else:
+            self.echo(f"{where}: FAILED (exit {outcome.code}, log {outcome.log}): {last_log_line(outcome.log)}")
 
 
 @contextlib.contextmanager

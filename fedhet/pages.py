@@ -24,6 +24,7 @@ import json
 import math
 import re
 import shlex
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from fedhet.bench import (
     CELL_COMMANDS,
     Cell,
     CellOutcome,
+    CellQueue,
     PageRequest,
     bars_png,
     bench_command,
@@ -48,7 +50,6 @@ from fedhet.bench import (
     load_run,
     mean_std,
     override_flag,
-    run_cells,
     validate_cells,
 )
 from fedhet.errors import ConfigError
@@ -1196,46 +1197,74 @@ def grid_command(
         failed = {cell: line for cell, line in failed.items() if cell not in found}
         return write_page(grid, found, studies, recorded_threads, failed)
 
+    def tune(rows: Sequence[Row], queue: CellQueue) -> None:
+        """Tune the rows; each row's seed cells join the queue as soon as its selected config is written."""
+        plan = grid.tuning
+        assert plan is not None
+        validate_cells([Cell(r.label, r.config, plan.seed, (*r.flags, *plan.flags)) for r in rows], root)
+        echo(f"{grid.path}: tuning {len(rows)} rows, {plan.trials} trials each, on val/{plan.metric}")
+        on_ray = {}
+        if ray_address is not None:  # the same search, its trials placed by Ray Tune (fedhet.tuning_ray)
+            from fedhet.tuning_ray import RUNNER, ray_trials
+
+            on_ray = {"trials": ray_trials(ray_address, threads), "runner": RUNNER}
+
+        def selected(result: StudyResult) -> None:
+            save_progress(result)
+            queue.add(runnable({result.label}))
+            if ray_address is None:  # Ray's trials may share this machine: its cells wait for the whole tuning
+                queue.release()
+
+        restore = {r.label: studies[r.label]["trials"] for r in rows if studies.get(r.label, {}).get("partial")}
+        tune_rows([(r.label, r.config, r.flags) for r in rows], plan, root, grid.selected, grid.page.stem,
+                  child_environment(threads), jobs, echo, on_selected=selected, on_trial=save_trials,
+                  restore=restore, **on_ray)  # fmt: skip
+
+    page_lock = threading.Lock()  # the tuning's rows and the cells' workers rewrite the page from their threads
+
     def save_progress(result: StudyResult | CellOutcome) -> None:
-        if isinstance(result, StudyResult):
-            studies[result.label] = result.as_dict()
-        write(records())
+        with page_lock:
+            if isinstance(result, StudyResult):
+                studies[result.label] = result.as_dict()
+            write(records())
 
     def save_trials(label: str, partial: dict[str, Any]) -> None:  # a row's finished trials, before it is tuned
-        studies[label] = partial
-        write(records())
+        with page_lock:
+            studies[label] = partial
+            write(records())
 
-    outcomes = []
-    try:
-        if tuned:
-            plan = grid.tuning
-            assert plan is not None
-            validate_cells([Cell(r.label, r.config, plan.seed, (*r.flags, *plan.flags)) for r in tuned], root)
-            echo(f"{grid.path}: tuning {len(tuned)} rows, {plan.trials} trials each, on val/{plan.metric}")
-            on_ray = {}
-            if ray_address is not None:  # the same search, its trials placed by Ray Tune (fedhet.tuning_ray)
-                from fedhet.tuning_ray import RUNNER, ray_trials
+    def runnable(labels: set[str]) -> list[Cell]:
+        """The rows' cells still to run, each refused in one line before any runs (its config, flags, record)."""
+        cells = [c for c in pending() if c.label in labels]
+        for cell in cells:
+            if not Path(cell.config).is_file():
+                raise ConfigError(f"{grid.path}: {cell.label}: config {cell.config}: no such file")
+        check_recorded(cells, root)
+        validate_cells(cells, root)
+        return cells
 
-                on_ray = {"trials": ray_trials(ray_address, threads), "runner": RUNNER}
-            restore = {r.label: studies[r.label]["trials"] for r in tuned if studies.get(r.label, {}).get("partial")}
-            tune_rows([(r.label, r.config, r.flags) for r in tuned], plan, root, grid.selected, grid.page.stem,
-                      child_environment(threads), jobs, echo, on_selected=save_progress, on_trial=save_trials,
-                      restore=restore, **on_ray)  # fmt: skip
-        to_run = pending() if not report_only else []
-        if to_run:
-            for cell in to_run:
-                if not Path(cell.config).is_file():
-                    raise ConfigError(f"{grid.path}: {cell.label}: config {cell.config}: no such file")
-            check_recorded(to_run, root)
-            validate_cells(to_run, root)
-            echo(f"{grid.path}: {len(to_run)} of {len(grid.cells())} cells to run or check under {root}, "
+    outcomes: list[CellOutcome] = []
+    if not report_only:
+        untuned = runnable({r.label for r in grid.rows} - {r.label for r in tuned})
+        if untuned or tuned:
+            then = ", then the tuned rows' seeds" if tuned else ""
+            echo(f"{grid.path}: {len(untuned)} of {len(grid.cells())} cells to run or check under {root}{then}, "
                  f"{jobs} at a time, {threads} threads each")  # fmt: skip
-            outcomes = run_cells(to_run, root, jobs, env=child_environment(threads), echo=echo,
-                                 on_done=save_progress)  # fmt: skip
-    except KeyboardInterrupt as exc:
-        exc.next_step = (f"what finished is in {grid.page.with_suffix('.json')}: continue with "  # type: ignore[attr-defined]
-                         f"'{grid.continue_command()}'")  # fmt: skip
-        raise
+        # a tuned row's seeds run on the cores its tuning leaves idle (CellQueue): locally, each selection frees one
+        order = {(c.label, c.seed): i for i, c in enumerate(grid.cells())}  # seed-major, then the grid's rows
+        queue = CellQueue(root, jobs, child_environment(threads), echo=echo, on_done=save_progress,
+                          reserved=len(tuned) if ray_address is None else jobs,
+                          rank=lambda cell: order[cell.label, cell.seed])  # fmt: skip
+        try:
+            with queue.stopped_on_error():
+                queue.add(untuned)
+                if tuned:
+                    tune(tuned, queue)
+                outcomes = queue.finish()
+        except KeyboardInterrupt as exc:
+            exc.next_step = (f"what finished is in {grid.page.with_suffix('.json')}: continue with "  # type: ignore[attr-defined]
+                             f"'{grid.continue_command()}'")  # fmt: skip
+            raise
     found = records()
     if not found and not studies:
         echo(f"{grid.path}: no cell has numbers (no complete run under {root}, no record); nothing to write")

@@ -140,6 +140,44 @@ def test_a_page_rewrite_keeps_archived_records_only_where_no_run_was_made_anew(m
     assert fresh == {"t10e5/fedvtc": [{"seed": 1, "final": 40.0}]}  # the caller's records are not modified
 
 
+def test_a_cell_queue_runs_cells_only_on_the_slots_other_work_leaves_lowest_rank_first(tmp_path, monkeypatch):
+    """Two jobs: both slots held, nothing starts; one held, one cell at a time by rank; none, two at once.
+
+    Each cell of the last pair waits (up to 20 s) until the other has started, so one slot would show.
+    """
+    import sys
+    import time
+
+    from fedhet.bench import CellQueue
+
+    log = tmp_path / "log.txt"
+    script = f"""
+import sys, time
+log, label = {str(log)!r}, sys.argv[1]
+open(log, "a").write("start " + label + "\\n")
+deadline = time.time() + 20
+while label in ("r0", "r1") and open(log).read().count("start r") < 4 and time.time() < deadline:
+    time.sleep(0.01)
+open(log, "a").write("end " + label + "\\n")
+"""
+    monkeypatch.setattr(Cell, "command", lambda self, root: [sys.executable, "-c", script, self.label])
+    queue = CellQueue(tmp_path / "runs", jobs=2, echo=lambda _: None, reserved=3, rank=lambda c: -c.seed)
+    queue.add([Cell(f"r{seed}", "unused.yaml", seed) for seed in range(4)])
+    time.sleep(0.5)
+    queue.release()  # three rows tuning held both slots; two still do
+    time.sleep(0.5)
+    assert not log.exists()
+    queue.release()  # one slot: the highest seeds first, one at a time, until r1 waits for a second slot
+    while not log.exists() or log.read_text().count("start r") < 3:
+        time.sleep(0.01)
+    queue.release()
+    outcomes = queue.finish()
+    lines = log.read_text().splitlines()
+    assert lines[:5] == ["start r3", "end r3", "start r2", "end r2", "start r1"]
+    assert lines[5] == "start r0" and sorted(lines[6:]) == ["end r0", "end r1"]  # r0 started while r1 ran
+    assert [o.cell.label for o in outcomes][:2] == ["r3", "r2"] and all(o.ok for o in outcomes)
+
+
 def test_an_interrupted_bench_starts_no_queued_cell(tmp_path, monkeypatch):
     """Ctrl-C while cells wait in the pool stops the bench: the queued cells are cancelled, not all started."""
     import sys

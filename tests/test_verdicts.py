@@ -153,15 +153,23 @@ def test_grid_mistakes_in_tuning_and_claims_are_one_line(tmp_path):
 
 #: Stands in for ``fedhet fit`` in both stages: a tuning trial (sealed test splits) scores its lr on validation;
 #: a seed run records acc_local = 50 (row a), 40 (row b) or 45 (row c) plus its seed. Every call is logged, and
-#: seed runs listed in FEDHET_TEST_FAIL_SEEDS fail (a machine lost mid-bench).
+#: seed runs listed in FEDHET_TEST_FAIL_SEEDS fail (a machine lost mid-bench). The trials of the config named in
+#: FEDHET_TEST_SLOW_TUNING take a second, and each process ends by logging its start and end times there.
 FAKE_FIT = """
-import json, os, sys
+import json, os, sys, time
 from pathlib import Path
 args = sys.argv[1:]
 config, seed, run_dir = (args[args.index(k) + 1] for k in ("--config", "--seed", "--run_dir"))
 run_dir = Path(run_dir)
 with open(os.environ["FEDHET_TEST_CALLS"], "a") as calls:
     calls.write(f"{Path(config).stem} {seed}\\n")
+started = time.time()
+if os.environ.get("FEDHET_TEST_SLOW_TUNING") == Path(config).stem and "--federation.seal_test=true" in args:
+    time.sleep(1.0)
+if "FEDHET_TEST_TIMES" in os.environ:
+    import atexit
+    atexit.register(lambda: open(os.environ["FEDHET_TEST_TIMES"], "a").write(
+        f"{Path(config).stem} {seed} {started} {time.time()}\\n"))
 if "--federation.seal_test=true" in args:
     lr = float(next(a.split("=", 1)[1] for a in reversed(args) if a.startswith("--method.init_args.lr=")))
     run_dir.mkdir(parents=True)
@@ -272,6 +280,39 @@ def test_an_interrupted_bench_continues_from_its_page_json_alone(tmp_path, monke
              for t in payload["tuning"]["rows"][row]["trials"]]  # fmt: skip
     assert strip == [{k: v for k, v in t.items() if k != "wall_s"} for row in ("a", "b")
                      for t in uninterrupted["tuning"]["rows"][row]["trials"]]  # fmt: skip
+
+
+def test_a_tuned_rows_seeds_run_on_the_cores_the_tuning_leaves_idle(tmp_path, monkeypatch):
+    """With two jobs, row a's seed cells (and untuned row c's) start once a is selected, beside b's slow tuning.
+
+    No seed cell starts while both rows tune, never more than two processes run at once, the first seed
+    cell is the grid's first (a at seed 0), and the page equals the one-job bench's.
+    """
+    bench, _ = _fake_fit_bench(tmp_path, monkeypatch, trials=3)
+    _, one_job = bench("one")
+    times = tmp_path / "times.txt"
+    monkeypatch.setenv("FEDHET_TEST_SLOW_TUNING", "fedprox")
+    monkeypatch.setenv("FEDHET_TEST_TIMES", str(times))
+    code, two_jobs = bench("two", "--jobs", "2")
+    assert code == 0
+    spans = [line.split() for line in times.read_text().splitlines()]
+    spans = [(f"{stem} {seed}", float(start), float(end)) for stem, seed, start, end in spans]
+    trials = {stem: [(s, e) for name, s, e in spans if name == f"{stem} 9"] for stem in ("fedavg", "fedprox")}
+    seeds = sorted((s, e, name) for name, s, e in spans if not name.endswith(" 9"))
+    assert len(trials["fedavg"]) == len(trials["fedprox"]) == 3 and len(seeds) == 9
+    a_selected = max(e for _, e in trials["fedavg"])
+    assert all(start >= a_selected for start, _, _ in seeds)  # no seed cell while both rows tune
+    assert seeds[0][2] == "a 0"  # seed-major in the grid's order: a (its selected config a.yaml) before c
+    assert seeds[0][0] < max(e for _, e in trials["fedprox"])  # beside b's tuning, not after it
+    events = sorted([(s, 1) for _, s, _ in spans] + [(e, -1) for _, _, e in spans])
+    running = [sum(step for _, step in events[: i + 1]) for i in range(len(events))]
+    assert max(running) == 2
+
+    def numbers(runs: list[dict]) -> list[dict]:  # the two pages' config paths name their own directories
+        return [{k: v for k, v in r.items() if k not in ("config", "config_sha256", "flags", "wall_s")} for r in runs]
+
+    assert numbers(two_jobs["runs"]) == numbers(one_job["runs"]) and len(two_jobs["runs"]) == 9
+    assert two_jobs["claims"] == one_job["claims"] and two_jobs["tables"] == one_job["tables"]
 
 
 def test_a_claim_compares_two_numbers_of_one_row(tmp_path):
