@@ -173,22 +173,15 @@ def run_process(command: Sequence[str], log_path: Path, env: dict[str, str], cwd
         return subprocess.call(list(command), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
 
 
-def run_cells(
-    cells: Sequence[Cell],
-    root: Path,
-    jobs: int = 1,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
-    echo: Callable[[str], None] = print,
-    on_done: Callable[[CellOutcome], None] | None = None,
-) -> list[CellOutcome]:
+def run_cells(cells: Sequence[Cell], root: Path, jobs: int = 1, **options: Any) -> list[CellOutcome]:
     """Run every cell that is not complete, ``jobs`` processes at a time; returns their outcomes.
 
     Complete cells are skipped, partial ones resumed, stale ones restarted (see the module
     docstring). A failed cell does not stop the others; its log path and last line are echoed.
-    ``on_done`` is called with each outcome as it arrives, one call at a time (see :class:`CellQueue`).
+    ``options`` are :class:`CellQueue`'s (``env``, ``cwd``, ``echo``, ``on_done``: called with each
+    outcome as it arrives, one call at a time).
     """
-    queue = CellQueue(root, jobs, env, cwd, echo, on_done)
+    queue = CellQueue(root, jobs, **options)
     with queue.stopped_on_error():
         queue.add(cells)
         return queue.finish()
