@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
 from fedhet.algorithms import SCAFFOLD, FedAvg, FedFTG, FedProto
 from fedhet.algorithms.base import ClientUpload, DataFormat, ServerContext
@@ -261,6 +262,32 @@ def test_round_metrics_are_means_of_the_logged_terms():
     fit(stage, stage.server_dataloader(seed=0))
     metrics = stage.metrics()
     assert "ftg_generator_diversity" in metrics and stage.counts["teacher_accuracy"] == 2  # once per iteration
+
+
+def test_teacher_accuracy_is_the_share_of_samples_whose_weighted_ensemble_predicts_their_label():
+    """``ftg_teacher_accuracy``: per sample, the weighted ensemble's most probable class against y, averaged.
+
+    The teachers' logits are set per batch: samples 0, 1, 3 and 4 of six get their label's class, samples 2 and 5
+    the next class, so each batch's share is 4/6 and the round's mean is 2/3.
+    """
+    _, stage, _ = _stage()
+    batch_labels: list[Tensor] = []
+    training_step = stage.training_step
+
+    def step(batch, batch_idx):
+        batch_labels.append(batch[1])
+        return training_step(batch, batch_idx)
+
+    def set_logits(x, teachers):
+        labels = batch_labels[-1]
+        target = torch.where(torch.arange(len(labels)) % 3 == 2, (labels + 1) % 4, labels)
+        logits = 10.0 * torch.nn.functional.one_hot(target, 4).float()
+        return logits.expand(len(teachers), *logits.shape) + 0.0 * x.sum()  # images still reach the generator
+
+    stage.training_step, stage.teacher_logits = step, set_logits
+    fit(stage, stage.server_dataloader(seed=0))
+    assert len(batch_labels) == 2 and all(len(labels) == 6 for labels in batch_labels)
+    assert stage.metrics()["ftg_teacher_accuracy"] == pytest.approx(2 / 3)
 
 
 def test_the_rounds_batches_are_a_function_of_its_seed_alone():
