@@ -325,9 +325,9 @@ class CellQueue:
                 shutil.rmtree(run_dir)
             command = cell.command(self.root)
         record_cell(cell, self.root)
-        started = time.perf_counter()
-        code = run_process(command, cell.log_path(self.root), self.env, self.cwd)
         log = cell.log_path(self.root)
+        started = time.perf_counter()
+        code = run_process(command, log, self.env, self.cwd)
         return CellOutcome(cell, code, time.perf_counter() - started, state == "partial", log)
 
     def _say(self, outcome: CellOutcome) -> None:
